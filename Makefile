@@ -1,0 +1,51 @@
+# trimlab: `make demo` runs the default experiment, `make test` runs every test.
+# Both call `make setup`, which is idempotent: it installs only what is missing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 tcpdump openssh-server openssh-client gcc-multilib
+STAMP := $(VENV)/.trimlab-installed
+
+.PHONY: setup apt venv test test-unit demo bench clean
+
+setup: apt venv
+
+# apt-get only when a package is missing, so a second run touches nothing.
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: apt-get install$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "setup: system packages present"; fi
+
+# torch is installed first, pinned, so that the project's torch range is already met.
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+	  || $(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+	@echo "setup: venv ready ($(VENV))"
+
+test: setup
+	$(VENV)/bin/pytest
+
+test-unit: setup
+	$(VENV)/bin/pytest -m unit
+
+demo: setup
+	$(VENV)/bin/trimlab demo
+
+bench: setup
+	$(VENV)/bin/trimlab bench codec --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

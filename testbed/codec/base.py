@@ -1,0 +1,287 @@
+"""What every codec shares: the span/packet layout, the packet batch, encode and decode.
+
+A bucket (a flat float tensor of `numel` coordinates) is cut into spans of `span`
+coordinates; the last, shorter span is zero-padded (to a power of two for rotated codecs,
+to a multiple of 32 otherwise). Rotated codecs apply the RHT per span. Each span is sliced
+into packets of `coords` (B) coordinates; the last packet of a span may carry fewer (still a
+multiple of 32). A codec only has to say how one uniform block of packets, a (P, c)
+matrix, becomes payload bodies and back (`encode_block` / `decode_block`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from testbed.codec import rht
+from testbed.errors import CodecError
+
+MAX_PACKETS_PER_SPAN = 256  # the header's packet index is one byte
+MAX_SPANS = 1 << 16  # the header's span index is two bytes
+
+
+@dataclass(frozen=True)
+class CodecContext:
+    """Identity of one bucket's encoding: the RHT signs depend on all of it."""
+
+    seed: int = 0
+    step: int = 0
+    bucket: int = 0
+    span: int = 4096  # coordinates per span n (a power of two, ≥ 32)
+    coords: int = 1024  # coordinates per packet B (a multiple of 32)
+
+
+@dataclass
+class Packets:
+    """A batch of packets of one bucket. Row p is one packet; `body` is zero-padded to
+    the longest packet and only its first `length[p]` bytes are meaningful (a trimmed
+    packet has a smaller length than it was sent with)."""
+
+    span: torch.Tensor  # (P,) int64: span index
+    index: torch.Tensor  # (P,) int64: packet index in its span
+    coords: torch.Tensor  # (P,) int64: coordinates this packet carries
+    scale: torch.Tensor  # (P,) float32: per-packet scale (header)
+    body: torch.Tensor  # (P, L) uint8
+    length: torch.Tensor  # (P,) int64: body bytes present
+
+    def __len__(self) -> int:
+        return int(self.span.shape[0])
+
+    def select(self, rows: torch.Tensor) -> "Packets":
+        """The packets at `rows` (a bool mask or an index tensor)."""
+        return Packets(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+
+    def truncated(self, nbytes: int | torch.Tensor) -> "Packets":
+        """The same packets with bodies cut to at most `nbytes` bytes, as a trim would."""
+        return dataclasses.replace(self, length=torch.clamp(self.length, max=nbytes))
+
+
+@dataclass
+class Decoded:
+    tensor: torch.Tensor  # (numel,) float32: the estimate; missing coordinates hold 0-filled estimates
+    missing: torch.Tensor  # (numel,) bool
+    stats: dict[str, torch.Tensor]  # per input packet, in input order
+
+
+@dataclass(frozen=True)
+class SpanGroup:
+    """Spans of equal (padded) size: the full spans, or the one shorter last span."""
+
+    first: int  # index of the first span
+    count: int  # number of spans
+    size: int  # coordinates per span, padding included
+    start: int  # offset of the first span in the flat tensor
+    filled: int  # real (unpadded) coordinates per span
+
+
+@dataclass(frozen=True)
+class Block:
+    """Packets of equal size within one span group."""
+
+    group: SpanGroup
+    first_index: int  # packet index (in span) of the block's first packet
+    per_span: int  # packets per span in this block
+    coords: int  # coordinates per packet
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+class Layout:
+    """Where every coordinate of a bucket goes: spans, packets, blocks of equal packets."""
+
+    def __init__(self, numel: int, span: int, coords: int, pow2_tail: bool):
+        if numel < 1:
+            raise CodecError(f"bucket has {numel} coordinates; it needs at least 1")
+        if span < 32 or span & (span - 1):
+            raise CodecError(f"span={span}: must be a power of two ≥ 32")
+        if coords < 32 or coords % 32:
+            raise CodecError(f"coords={coords}: B must be a positive multiple of 32")
+        if math.ceil(span / coords) > MAX_PACKETS_PER_SPAN:
+            raise CodecError(f"span={span} with coords={coords} needs more than "
+                             f"{MAX_PACKETS_PER_SPAN} packets per span; raise coords or lower span")
+        full, rest = divmod(numel, span)
+        if full + (rest > 0) > MAX_SPANS:
+            raise CodecError(f"bucket of {numel} coordinates needs more than {MAX_SPANS} spans "
+                             f"of {span}; split the bucket or raise span")
+        self.numel, self.span, self.coords = numel, span, coords
+        self.groups: list[SpanGroup] = []
+        if full:
+            self.groups.append(SpanGroup(0, full, span, 0, span))
+        if rest:
+            size = max(32, _next_pow2(rest)) if pow2_tail else -(-rest // 32) * 32
+            self.groups.append(SpanGroup(full, 1, min(size, span), full * span, rest))
+        self.blocks: list[Block] = []
+        for g in self.groups:
+            n_full, tail = divmod(g.size, coords)
+            if n_full:
+                self.blocks.append(Block(g, 0, n_full, coords))
+            if tail:
+                self.blocks.append(Block(g, n_full, 1, tail))
+        self.num_spans = full + (rest > 0)
+
+    @property
+    def num_packets(self) -> int:
+        return sum(b.group.count * b.per_span for b in self.blocks)
+
+    def packets_in_span(self, group: SpanGroup) -> int:
+        return -(-group.size // self.coords)
+
+
+class Codec:
+    """A trimmable gradient encoding. Subclasses define the per-packet coder."""
+
+    name: ClassVar[str]
+    codec_id: ClassVar[int]
+    rotated: bool = False
+    planes: int = 0  # K, carried in the header
+    unbiased: bool = False
+
+    FLAG_UNBIASED: ClassVar[int] = 0x1
+    FLAG_ROTATED: ClassVar[int] = 0x2
+
+    @property
+    def flags(self) -> int:
+        return (self.FLAG_UNBIASED if self.unbiased else 0) | (self.FLAG_ROTATED if self.rotated else 0)
+
+    def params(self) -> dict:
+        """The parameters that rebuild this codec with get_codec(name, **params)."""
+        return {}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+    # -- the per-packet coder -------------------------------------------------------------
+    def body_bytes(self, coords: int) -> int:
+        """Payload bytes (after the header) of an untrimmed packet of `coords` coordinates."""
+        raise NotImplementedError
+
+    def encode_block(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P, c) float32 → bodies (P, body_bytes(c)) uint8 and scales (P,) float32."""
+        raise NotImplementedError
+
+    def decode_block(self, body: torch.Tensor, length: torch.Tensor,
+                     scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bodies (P, body_bytes(c)) with bytes past `length` zeroed → estimates (P, c)
+        and the number of leading coordinates that carry any information (P,)."""
+        raise NotImplementedError
+
+    def expected_nmse(self, coords: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
+        """Theoretical per-packet NMSE on Gaussian input when `nbytes` of the body arrive."""
+        raise NotImplementedError
+
+    # -- whole buckets --------------------------------------------------------------------
+    def layout(self, numel: int, ctx: CodecContext) -> Layout:
+        return Layout(numel, ctx.span, ctx.coords, pow2_tail=self.rotated)
+
+    def _signs(self, ctx: CodecContext, g: SpanGroup, device) -> torch.Tensor:
+        return rht.span_signs(ctx.seed, ctx.step, ctx.bucket,
+                              range(g.first, g.first + g.count), g.size, device=device)
+
+    def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
+        """Encode a flat float tensor into packets (span-major order)."""
+        flat = x.detach().reshape(-1).to(torch.float32)
+        lay = self.layout(flat.numel(), ctx)
+        device = flat.device
+        spans = {}
+        for g in lay.groups:
+            chunk = flat[g.start:g.start + g.count * g.filled].reshape(g.count, g.filled)
+            if g.filled < g.size:
+                chunk = torch.nn.functional.pad(chunk, (0, g.size - g.filled))
+            spans[g] = rht.rotate(chunk, self._signs(ctx, g, device)) if self.rotated else chunk
+        parts = []
+        for b in lay.blocks:
+            y = spans[b.group][:, b.first_index * lay.coords:
+                               b.first_index * lay.coords + b.per_span * b.coords]
+            y = y.reshape(b.group.count * b.per_span, b.coords)
+            body, scale = self.encode_block(y)
+            span_idx = torch.arange(b.group.first, b.group.first + b.group.count, device=device)
+            span_idx = span_idx.repeat_interleave(b.per_span)
+            pkt_idx = torch.arange(b.first_index, b.first_index + b.per_span, device=device)
+            parts.append((span_idx, pkt_idx.repeat(b.group.count), b.coords, scale, body))
+        return _concat(parts, device)
+
+    def decode(self, packets: Packets, ctx: CodecContext, numel: int) -> Decoded:
+        """Decode whatever arrived (any subset, any order, any prefix of each body).
+        A coordinate is missing when no bit of it arrived; for rotated codecs the rotation
+        spreads that over the span, so every coordinate of such a span is marked missing
+        (its value is still the zero-filled estimate)."""
+        lay = self.layout(numel, ctx)
+        device = packets.body.device
+        p = len(packets)
+        nbytes = packets.length.clamp(min=0)
+        present = torch.zeros(p, dtype=torch.int64, device=device)
+        out = torch.zeros(numel, dtype=torch.float32, device=device)
+        missing = torch.ones(numel, dtype=torch.bool, device=device)
+        for g in lay.groups:
+            ybuf = torch.zeros(g.count, g.size, dtype=torch.float32, device=device)
+            have = torch.zeros(g.count, g.size, dtype=torch.bool, device=device)
+            for b in (b for b in lay.blocks if b.group is g):
+                rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
+                        & (packets.index >= b.first_index)
+                        & (packets.index < b.first_index + b.per_span)
+                        & (packets.coords == b.coords)).nonzero().squeeze(1)
+                if rows.numel() == 0:
+                    continue
+                full = self.body_bytes(b.coords)
+                body = _pad_cols(packets.body[rows], full)
+                length = nbytes[rows].clamp(max=full)
+                body = body * (torch.arange(full, device=device)[None, :] < length[:, None])
+                yhat, pres = self.decode_block(body, length, packets.scale[rows])
+                present[rows] = pres
+                span = packets.span[rows] - g.first
+                pkt = packets.index[rows] - b.first_index
+                # Packets are whole rows of the (span, packet, coordinate) grid.
+                cols = slice(b.first_index * lay.coords, b.first_index * lay.coords + b.per_span * b.coords)
+                ybuf[:, cols].view(g.count, b.per_span, b.coords)[span, pkt] = yhat
+                have[:, cols].view(g.count, b.per_span, b.coords)[span, pkt] = (
+                    torch.arange(b.coords, device=device)[None, :] < pres[:, None])
+            if self.rotated:
+                xs = rht.unrotate(ybuf, self._signs(ctx, g, device))
+                miss = (~have.all(dim=1, keepdim=True)).expand(g.count, g.size)
+            else:
+                xs, miss = ybuf, ~have
+            n = g.count * g.filled
+            out[g.start:g.start + n] = xs[:, :g.filled].reshape(-1)
+            missing[g.start:g.start + n] = miss[:, :g.filled].reshape(-1)
+        coords = packets.coords.clamp(min=1)
+        stats = {
+            "bytes": nbytes,
+            "present": present,
+            "planes": torch.clamp((8 * nbytes) // coords, max=self.planes),
+            "bits_per_coord": 8.0 * nbytes.to(torch.float64) / coords,
+            "expected_nmse": self.expected_nmse(coords, nbytes),
+        }
+        return Decoded(out, missing, stats)
+
+
+def _pad_cols(body: torch.Tensor, width: int) -> torch.Tensor:
+    if body.shape[1] >= width:
+        return body[:, :width]
+    return torch.nn.functional.pad(body, (0, width - body.shape[1]))
+
+
+def _concat(parts, device) -> Packets:
+    width = max(body.shape[1] for *_, body in parts)
+    p = sum(body.shape[0] for *_, body in parts)
+    body_all = torch.zeros(p, width, dtype=torch.uint8, device=device)
+    row = 0
+    for *_, body in parts:
+        body_all[row:row + body.shape[0], :body.shape[1]] = body
+        row += body.shape[0]
+    return Packets(
+        span=torch.cat([s for s, *_ in parts]),
+        index=torch.cat([i for _, i, *_ in parts]),
+        coords=torch.cat([torch.full((body.shape[0],), c, dtype=torch.int64, device=device)
+                          for _, _, c, _, body in parts]),
+        scale=torch.cat([sc for *_, sc, _ in parts]).to(torch.float32),
+        body=body_all,
+        length=torch.cat([torch.full((body.shape[0],), body.shape[1], dtype=torch.int64,
+                                     device=device) for *_, body in parts]),
+    )

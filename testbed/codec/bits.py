@@ -1,0 +1,98 @@
+"""Bit-level packing without per-bit loops.
+
+Bit planes use an 8×8 bit-matrix transpose on int64 words (three delta swaps, Hacker's
+Delight §7-3): eight coordinates' bytes go in, eight plane bytes come out. Plane bytes
+carry coordinates MSB first (coordinate 0 in bit 7), like numpy.packbits.
+Multi-byte words on the wire are big-endian (network order), built with shifts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+if sys.byteorder != "little":  # the uint8 <-> int64 views below assume it
+    raise ImportError("testbed.codec.bits needs a little-endian host")
+
+
+def _transpose8(x: torch.Tensor) -> torch.Tensor:
+    """Transpose the 8×8 bit matrix in each int64 (row r = byte 7-r, column 0 = MSB).
+    Masks keep the sign-extended bits of the arithmetic right shifts out."""
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AA
+    x = x ^ t ^ (t << 7)
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCC
+    x = x ^ t ^ (t << 14)
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0
+    return x ^ t ^ (t << 28)
+
+
+def _transpose_bytes(rows: torch.Tensor) -> torch.Tensor:
+    """rows (..., 8) uint8, row i bit (7-j) → out (..., 8) uint8, out j bit (7-i)."""
+    word = rows.flip(-1).contiguous().view(torch.int64)
+    return _transpose8(word).view(torch.uint8).flip(-1)
+
+
+def pack_planes(q: torch.Tensor, k: int) -> torch.Tensor:
+    """q (P, c) integers in [0, 2^k), k ≤ 16, c a multiple of 8 → (P, k, c/8) uint8 where
+    plane j holds bit k-1-j of every coordinate."""
+    p, c = q.shape
+    nb = (k + 7) // 8
+    q = q.to(torch.int32) << (8 * nb - k)  # bit k-1 of q becomes the top bit
+    byte_rows = torch.stack([(q >> (8 * (nb - 1 - h))) & 0xFF for h in range(nb)], dim=-2)
+    byte_rows = byte_rows.to(torch.uint8).reshape(p, nb, c // 8, 8)
+    planes = _transpose_bytes(byte_rows)  # (P, nb, c/8, plane-in-byte)
+    planes = planes.permute(0, 1, 3, 2).reshape(p, nb * 8, c // 8)
+    return planes[:, :k]
+
+
+def unpack_planes(planes: torch.Tensor, k: int) -> torch.Tensor:
+    """Inverse of pack_planes: (P, k, c/8) uint8 → (P, c) int32 in [0, 2^k)."""
+    p, _, g = planes.shape
+    nb = (k + 7) // 8
+    if k < 8 * nb:
+        planes = torch.nn.functional.pad(planes, (0, 0, 0, 8 * nb - k))
+    rows = _transpose_bytes(planes.reshape(p, nb, 8, g).permute(0, 1, 3, 2))
+    rows = rows.reshape(p, nb, g * 8).to(torch.int32)
+    q = rows[:, 0]
+    for h in range(1, nb):
+        q = (q << 8) | rows[:, h]
+    return q >> (8 * nb - k)
+
+
+def words_to_bytes(w: torch.Tensor) -> torch.Tensor:
+    """(..., n) int64 holding uint32 → (..., 4n) uint8, big-endian."""
+    b = torch.stack([(w >> s) & 0xFF for s in (24, 16, 8, 0)], dim=-1).to(torch.uint8)
+    return b.reshape(*w.shape[:-1], -1)
+
+
+def bytes_to_words(b: torch.Tensor) -> torch.Tensor:
+    """(..., 4n) uint8 → (..., n) int64 (uint32 values), big-endian."""
+    b = b.reshape(*b.shape[:-1], -1, 4).to(torch.int64)
+    return (b[..., 0] << 24) | (b[..., 1] << 16) | (b[..., 2] << 8) | b[..., 3]
+
+
+_J = torch.arange(31, dtype=torch.int64)
+
+
+def pack31(v: torch.Tensor) -> torch.Tensor:
+    """(P, c) int64 31-bit values, c a multiple of 32 → (P, 31c/32) int64 uint32 words:
+    each group of 32 values is one 992-bit big-endian string, cut into 31 words.
+    Word j of a group holds the low 31-j bits of value j, then the top j+1 bits of value j+1."""
+    p, c = v.shape
+    v = v.reshape(p, c // 32, 32)
+    j = _J.to(v.device)
+    lo = v[..., :31] & ((1 << (31 - j)) - 1)
+    words = (lo << (j + 1)) | (v[..., 1:] >> (30 - j))
+    return words.reshape(p, -1)
+
+
+def unpack31(words: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack31: (P, 31g) int64 words → (P, 32g) int64 31-bit values."""
+    p = words.shape[0]
+    w = words.reshape(p, -1, 31)
+    j = _J.to(w.device)
+    prev = torch.nn.functional.pad(w[..., :30], (1, 0))  # word j-1, zero for j = 0
+    head = (prev & ((1 << j) - 1)) << (31 - j)
+    v = torch.cat([head | (w >> (j + 1)), (w[..., 30:] & 0x7FFFFFFF)], dim=-1)
+    return v.reshape(p, -1)

@@ -1,0 +1,113 @@
+"""The embedded codec (default): nested Panter–Dite cells sent as bit planes.
+
+Per packet of c rotated coordinates: σ = ‖y‖/√c goes in the header, z = y/σ,
+q = ⌊2^K·Φ(z/√3)⌋ clipped to [0, 2^K−1]. Plane j carries bit K−1−j of every q, so the
+first k planes give q ≫ (K−k), the level-k cell of z, and ẑ is that cell's N(0,1)
+centroid. A trim anywhere keeps whole planes plus a prefix of the next one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from testbed.codec import bits
+from testbed.codec.base import Codec
+from testbed.errors import CodecError
+
+SQRT3 = math.sqrt(3.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _tables64(k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centroids of every level k = 0..k_max, concatenated (level k at offset 2^k − 1),
+    and D_k = E[(z − ẑ)²] for z ~ N(0,1), in float64. Only the lower half of each level
+    is computed; the upper half mirrors it (exact, and free of cancellation)."""
+    cents = [torch.zeros(1, dtype=torch.float64)]
+    dist = [1.0]
+    for k in range(1, k_max + 1):
+        half = 1 << (k - 1)
+        edges = torch.arange(half + 1, dtype=torch.float64) / (1 << k)
+        t = SQRT3 * torch.special.ndtri(edges)  # -inf .. 0
+        cdf = torch.special.ndtr(t)
+        pdf = torch.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
+        prob = cdf[1:] - cdf[:-1]
+        lower = (pdf[:-1] - pdf[1:]) / prob
+        cents.append(torch.cat([lower, -lower.flip(0)]))
+        dist.append(1.0 - 2.0 * float((prob * lower * lower).sum()))
+    return torch.cat(cents), torch.tensor(dist, dtype=torch.float64)
+
+
+def distortion(k: int) -> float:
+    """D_k: the per-coordinate NMSE of k planes on N(0,1) input (biased centroids)."""
+    return float(_tables64(max(k, 1))[1][k])
+
+
+class Embedded(Codec):
+    name = "embedded"
+    codec_id = 4
+    rotated = True
+
+    def __init__(self, planes: int = 16, unbiased: bool = False):
+        if not 1 <= planes <= 16:
+            raise CodecError(f"embedded: planes={planes}: must be 1..16")
+        self.planes = int(planes)
+        self.unbiased = bool(unbiased)
+        cents, dist = _tables64(self.planes)
+        # NMSE of level k: D_k biased, D_k/(1−D_k) when ẑ is divided by (1 − D_k).
+        if self.unbiased:
+            gain = torch.where(dist < 1, 1.0 / (1.0 - dist), torch.zeros_like(dist))
+            level_of = torch.repeat_interleave(torch.arange(self.planes + 1),
+                                               2 ** torch.arange(self.planes + 1))
+            cents = cents * gain[level_of]
+            self._nmse = torch.where(dist < 1, dist / (1.0 - dist), torch.ones_like(dist))
+        else:
+            self._nmse = dist
+        self._cents64 = cents
+        self._offsets = (2 ** torch.arange(self.planes + 1)) - 1
+
+    def params(self) -> dict:
+        return {"planes": self.planes, "unbiased": self.unbiased}
+
+    @functools.lru_cache(maxsize=8)
+    def _centroids(self, device: str) -> torch.Tensor:
+        return self._cents64.to(device=device, dtype=torch.float32)
+
+    def body_bytes(self, coords: int) -> int:
+        return self.planes * coords // 8
+
+    def encode_block(self, y):
+        c = y.shape[1]
+        sigma = torch.linalg.vector_norm(y, dim=1) / math.sqrt(c)
+        z = y / torch.where(sigma > 0, sigma, torch.ones_like(sigma))[:, None]
+        top = (1 << self.planes) - 1
+        q = torch.floor(torch.special.ndtr(z * (1 / SQRT3)) * (1 << self.planes))
+        q = q.clamp_(0, top).to(torch.int32)
+        return bits.pack_planes(q, self.planes).reshape(y.shape[0], -1), sigma
+
+    def decode_block(self, body, length, scale):
+        p = body.shape[0]
+        k = self.planes
+        plane = body.shape[1] // k
+        c = plane * 8
+        q = bits.unpack_planes(body.reshape(p, k, plane), k)
+        whole = torch.clamp(length // plane, max=k)
+        part = torch.where(whole < k, length - whole * plane, torch.zeros_like(length))
+        coord = torch.arange(c, device=body.device)
+        level = whole[:, None] + (coord[None, :] < 8 * part[:, None]).to(whole.dtype)
+        offsets = self._offsets.to(body.device)
+        idx = offsets[level] + (q.to(torch.int64) >> (k - level))
+        zhat = self._centroids(str(body.device))[idx]
+        present = torch.where(whole > 0, torch.full_like(whole, c), 8 * part)
+        return zhat * scale[:, None], present
+
+    def expected_nmse(self, coords, nbytes):
+        plane = (coords // 8).clamp(min=1)
+        whole = torch.clamp(nbytes // plane, max=self.planes)
+        frac = torch.where(whole < self.planes, (nbytes - whole * plane) / plane,
+                           torch.zeros_like(nbytes, dtype=torch.float64))
+        nmse = self._nmse.to(nbytes.device)
+        upper = torch.clamp(whole + 1, max=self.planes)
+        return (1 - frac) * nmse[whole] + frac * nmse[upper]

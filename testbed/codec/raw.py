@@ -1,0 +1,57 @@
+"""fp32 and bf16: raw contiguous values, no rotation (the naive baseline). A trim loses
+every coordinate past the cut."""
+
+from __future__ import annotations
+
+import torch
+
+from testbed.codec.base import Codec
+
+# NMSE of rounding to bfloat16 (8 significant bits, round to nearest): ulp²/12 relative
+# to x² averaged over the significand, ≈ 2^-14 / (12 · 7/3).
+BF16_ROUNDING_NMSE = 2.0 ** -14 / 28
+
+
+class _Raw(Codec):
+    dtype: torch.dtype
+    width: int  # bytes per coordinate
+    rounding_nmse: float = 0.0
+
+    def body_bytes(self, coords: int) -> int:
+        return self.width * coords
+
+    def encode_block(self, y):
+        p, c = y.shape
+        wire = y.to(self.dtype).contiguous().view(torch.uint8).reshape(p, c, self.width)
+        body = wire.flip(-1).reshape(p, c * self.width)  # big-endian on the wire
+        return body, torch.ones(p, dtype=torch.float32, device=y.device)
+
+    def decode_block(self, body, length, scale):
+        p = body.shape[0]
+        c = body.shape[1] // self.width
+        host = body.reshape(p, c, self.width).flip(-1).contiguous()
+        values = host.view(self.dtype).reshape(p, c).to(torch.float32)
+        present = torch.clamp(length // self.width, max=c)
+        keep = torch.arange(c, device=body.device)[None, :] < present[:, None]
+        return torch.where(keep, values, torch.zeros_like(values)), present
+
+    def expected_nmse(self, coords, nbytes):
+        present = torch.clamp(nbytes // self.width, max=coords)
+        return (present * self.rounding_nmse + (coords - present)) / coords
+
+
+class FP32(_Raw):
+    name = "fp32"
+    codec_id = 1
+    dtype = torch.float32
+    width = 4
+    planes = 32
+
+
+class BF16(_Raw):
+    name = "bf16"
+    codec_id = 2
+    dtype = torch.bfloat16
+    width = 2
+    planes = 16
+    rounding_nmse = BF16_ROUNDING_NMSE
