@@ -1,7 +1,7 @@
 """Bit-level packing without per-bit loops.
 
-Bit planes use an 8×8 bit-matrix transpose on int64 words (three delta swaps, Hacker's
-Delight §7-3): eight coordinates' bytes go in, eight plane bytes come out. Plane bytes
+Bit planes use an 8×8 bit-matrix reflection on int64 words (three delta swaps, after
+Hacker's Delight §7-3): eight coordinates' bytes go in, eight plane bytes come out. Plane bytes
 carry coordinates MSB first (coordinate 0 in bit 7), like numpy.packbits.
 Multi-byte words on the wire are big-endian (network order), built with shifts.
 """
@@ -16,34 +16,36 @@ if sys.byteorder != "little":  # the uint8 <-> int64 views below assume it
     raise ImportError("testbed.codec.bits needs a little-endian host")
 
 
-def _transpose8(x: torch.Tensor) -> torch.Tensor:
-    """Transpose the 8×8 bit matrix in each int64 (row r = byte 7-r, column 0 = MSB).
-    Masks keep the sign-extended bits of the arithmetic right shifts out."""
-    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AA
-    x = x ^ t ^ (t << 7)
-    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCC
-    x = x ^ t ^ (t << 14)
-    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0
-    return x ^ t ^ (t << 28)
-
-
-def _transpose_bytes(rows: torch.Tensor) -> torch.Tensor:
-    """rows (..., 8) uint8, row i bit (7-j) → out (..., 8) uint8, out j bit (7-i)."""
-    word = rows.flip(-1).contiguous().view(torch.int64)
-    return _transpose8(word).view(torch.uint8).flip(-1)
+def _antitranspose8_(x: torch.Tensor) -> torch.Tensor:
+    """In place: reflect the 8×8 bit matrix of each int64 about its anti-diagonal, with row
+    r = byte r (little-endian memory order) and column j = bit j. Fed eight values' bytes
+    (value i in byte i), byte m of the result is bit 7-m of all eight values, value i in
+    bit 7-i: exactly bit plane m, MSB first. It is its own inverse. The masks keep the
+    sign-extended bits of the arithmetic right shifts out."""
+    for shift, mask in ((36, 0x000000000F0F0F0F), (18, 0x0000333300003333),
+                        (9, 0x0055005500550055)):
+        t = x >> shift
+        t ^= x
+        t &= mask
+        x ^= t
+        t <<= shift
+        x ^= t
+    return x
 
 
 def pack_planes(q: torch.Tensor, k: int) -> torch.Tensor:
     """q (P, c) integers in [0, 2^k), k ≤ 16, c a multiple of 8 → (P, k, c/8) uint8 where
     plane j holds bit k-1-j of every coordinate."""
     p, c = q.shape
+    g = c // 8
     nb = (k + 7) // 8
-    q = q.to(torch.int32) << (8 * nb - k)  # bit k-1 of q becomes the top bit
-    byte_rows = torch.stack([(q >> (8 * (nb - 1 - h))) & 0xFF for h in range(nb)], dim=-2)
-    byte_rows = byte_rows.to(torch.uint8).reshape(p, nb, c // 8, 8)
-    planes = _transpose_bytes(byte_rows)  # (P, nb, c/8, plane-in-byte)
-    planes = planes.permute(0, 1, 3, 2).reshape(p, nb * 8, c // 8)
-    return planes[:, :k]
+    q = q.to(torch.int32) << (8 * nb - k)  # bit k-1 becomes the top bit of the top byte
+    planes = torch.empty(p, 8 * nb, g, dtype=torch.uint8, device=q.device)
+    for h in range(nb):  # value byte h, most significant first
+        byte = ((q >> (8 * (nb - 1 - h))) & 0xFF).to(torch.uint8)
+        words = _antitranspose8_(byte.view(p, g * 8).view(torch.int64))
+        planes[:, 8 * h:8 * h + 8, :] = words.view(torch.uint8).view(p, g, 8).transpose(1, 2)
+    return planes[:, :k] if k < 8 * nb else planes
 
 
 def unpack_planes(planes: torch.Tensor, k: int) -> torch.Tensor:
@@ -52,11 +54,12 @@ def unpack_planes(planes: torch.Tensor, k: int) -> torch.Tensor:
     nb = (k + 7) // 8
     if k < 8 * nb:
         planes = torch.nn.functional.pad(planes, (0, 0, 0, 8 * nb - k))
-    rows = _transpose_bytes(planes.reshape(p, nb, 8, g).permute(0, 1, 3, 2))
-    rows = rows.reshape(p, nb, g * 8).to(torch.int32)
-    q = rows[:, 0]
-    for h in range(1, nb):
-        q = (q << 8) | rows[:, h]
+    q = None
+    for h in range(nb):
+        rows = planes[:, 8 * h:8 * h + 8, :].transpose(1, 2).contiguous()
+        byte = _antitranspose8_(rows.view(p, g * 8).view(torch.int64)).view(torch.uint8)
+        byte = byte.view(p, g * 8).to(torch.int32)
+        q = byte if q is None else (q << 8) | byte
     return q >> (8 * nb - k)
 
 

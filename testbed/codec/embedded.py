@@ -65,15 +65,22 @@ class Embedded(Codec):
             self._nmse = torch.where(dist < 1, dist / (1.0 - dist), torch.ones_like(dist))
         else:
             self._nmse = dist
-        self._cents64 = cents
-        self._offsets = (2 ** torch.arange(self.planes + 1)) - 1
+        # Centroids keyed by v = (2·j + 1)·2^(K−k) for cell j of level k: the known bits of
+        # q, a one, then zeros. With q zero-filled past what arrived, v = 2q | 2^(K−k),
+        # so decoding needs one gather, whatever mix of levels a packet holds.
+        k_all = self.planes
+        table = torch.zeros(2 << k_all, dtype=torch.float64)
+        for k in range(k_all + 1):
+            j = torch.arange(1 << k)
+            table[(2 * j + 1) << (k_all - k)] = cents[(1 << k) - 1 + j]
+        self._table64 = table
 
     def params(self) -> dict:
         return {"planes": self.planes, "unbiased": self.unbiased}
 
     @functools.lru_cache(maxsize=8)
-    def _centroids(self, device: str) -> torch.Tensor:
-        return self._cents64.to(device=device, dtype=torch.float32)
+    def _table(self, device: str) -> torch.Tensor:
+        return self._table64.to(device=device, dtype=torch.float32)
 
     def body_bytes(self, coords: int) -> int:
         return self.planes * coords // 8
@@ -81,10 +88,11 @@ class Embedded(Codec):
     def encode_block(self, y):
         c = y.shape[1]
         sigma = torch.linalg.vector_norm(y, dim=1) / math.sqrt(c)
-        z = y / torch.where(sigma > 0, sigma, torch.ones_like(sigma))[:, None]
-        top = (1 << self.planes) - 1
-        q = torch.floor(torch.special.ndtr(z * (1 / SQRT3)) * (1 << self.planes))
-        q = q.clamp_(0, top).to(torch.int32)
+        # Φ(z/√3) = (1 + erf(y / (σ√6))) / 2; erf is several times faster than ndtr.
+        inv = torch.where(sigma > 0, 1.0 / (sigma * math.sqrt(6.0)), torch.zeros_like(sigma))
+        half = float(1 << (self.planes - 1))
+        u = torch.erf(y * inv[:, None]).mul_(half).add_(half)
+        q = u.to(torch.int32).clamp_(max=(1 << self.planes) - 1)  # u ≥ 0: truncation is floor
         return bits.pack_planes(q, self.planes).reshape(y.shape[0], -1), sigma
 
     def decode_block(self, body, length, scale):
@@ -95,11 +103,11 @@ class Embedded(Codec):
         q = bits.unpack_planes(body.reshape(p, k, plane), k)
         whole = torch.clamp(length // plane, max=k)
         part = torch.where(whole < k, length - whole * plane, torch.zeros_like(length))
-        coord = torch.arange(c, device=body.device)
-        level = whole[:, None] + (coord[None, :] < 8 * part[:, None]).to(whole.dtype)
-        offsets = self._offsets.to(body.device)
-        idx = offsets[level] + (q.to(torch.int64) >> (k - level))
-        zhat = self._centroids(str(body.device))[idx]
+        # The marker bit 2^(K−level): level = whole, plus one for the partial plane's prefix.
+        marker = (1 << (k - whole)).to(torch.int32)[:, None]
+        refined = torch.arange(c, device=body.device)[None, :] < 8 * part[:, None]
+        v = (q << 1) | (marker >> refined.to(torch.int32))
+        zhat = self._table(str(body.device))[v]
         present = torch.where(whole > 0, torch.full_like(whole, c), 8 * part)
         return zhat * scale[:, None], present
 
