@@ -1,0 +1,113 @@
+"""`trimlab bench codec`: NMSE of every codec at every kept size, next to theory, on
+Gaussian and heavy-tailed input; and the encode+decode time over tensor.clone() time."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from testbed import wire
+from testbed.codec import CODECS, CodecContext, get_codec
+from testbed.codec.embedded import distortion
+
+SPAN = 4096
+PLANE_COORDS = 1024  # B for the "k bits per coordinate" rows
+TRIM_SIZES = (128, 256, 528, 1024)
+MTUS = (1500, 9000)
+
+
+def inputs(numel: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    sign = torch.randint(0, 2, (numel,), generator=g) * 2 - 1
+    t3 = torch.randn(numel, generator=g) / torch.sqrt(
+        torch.distributions.Chi2(3.0).sample((numel,)) / 3.0)
+    return {
+        "gaussian": torch.randn(numel, generator=g),
+        "student_t3": t3,
+        "lognormal_s2": sign * torch.exp(2.0 * torch.randn(numel, generator=g)),
+    }
+
+
+def nmse(est: torch.Tensor, x: torch.Tensor) -> float:
+    return float(((est - x) ** 2).sum() / (x ** 2).sum())
+
+
+def kept_sizes(codec) -> list[dict]:
+    """(label, B, body bytes kept): k bits per coordinate, then switch trim sizes."""
+    rows = [{"kept": f"{k} bits/coord", "bits": k, "coords": PLANE_COORDS,
+             "body_bytes": k * PLANE_COORDS // 8} for k in range(1, 9)]
+    for mtu in MTUS:
+        b = min(wire.max_coords(codec, mtu), SPAN)
+        for size in TRIM_SIZES:
+            kept = min(codec.body_bytes(b), wire.kept_body_bytes(size))
+            rows.append({"kept": f"trim {size} @ mtu {mtu}", "trim_size": size, "mtu": mtu,
+                         "coords": b, "body_bytes": kept})
+    return rows
+
+
+def nmse_table(numel: int, seed: int) -> list[dict]:
+    data = inputs(numel, seed)
+    rows = []
+    for name in CODECS:
+        codec = get_codec(name)
+        for size in kept_sizes(codec):
+            ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN, coords=size["coords"])
+            row = dict(codec=name, **size)
+            for label, x in data.items():
+                pk = codec.encode(x, ctx)
+                dec = codec.decode(pk.truncated(size["body_bytes"]), ctx, numel)
+                row[label] = nmse(dec.tensor, x)
+            c = torch.tensor([size["coords"]])
+            row["theory"] = float(codec.expected_nmse(c, torch.tensor([size["body_bytes"]]))[0])
+            rows.append(row)
+    return rows
+
+
+def _median_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def roundtrip(numel: int, reps: int, seed: int) -> dict:
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    out = {}
+    for name in CODECS:
+        codec = get_codec(name)
+        ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN,
+                           coords=min(wire.max_coords(codec, 1500), SPAN))
+        pk = codec.encode(x, ctx)
+        codec.decode(pk, ctx, numel)  # warm caches (Hadamard matrices, tables)
+        clone = _median_ms(x.clone, reps)
+        enc = _median_ms(lambda: codec.encode(x, ctx), reps)
+        dec = _median_ms(lambda: codec.decode(pk, ctx, numel), reps)
+        clone = min(clone, _median_ms(x.clone, reps))  # clone measured around the codec too
+        out[name] = {"encode_ms": round(enc, 2), "decode_ms": round(dec, 2),
+                     "clone_ms": round(clone, 3), "roundtrip_over_clone": round((enc + dec) / clone, 2)}
+    return out
+
+
+def run(quick: bool = False, seed: int = 0) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        numel = 1 << (18 if quick else 20)
+        table = nmse_table(numel, seed)
+        rt = roundtrip(1 << 22, 3 if quick else 7, seed)
+    finally:
+        torch.set_num_threads(threads)
+    emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]
+    targets = {
+        "embedded_gaussian_le_1.1_Dk": all(r["gaussian"] <= 1.1 * distortion(r["bits"]) for r in emb),
+        "embedded_1bit_heavy_tailed_le_0.40": all(r[k] <= 0.40 for r in emb if r["bits"] == 1
+                                                  for k in ("student_t3", "lognormal_s2")),
+        "roundtrip_over_clone_le_3": {k: v["roundtrip_over_clone"] <= 3 for k, v in rt.items()},
+    }
+    return {"bench": "codec", "quick": quick, "numel_nmse": numel, "numel_roundtrip": 1 << 22,
+            "span": SPAN, "threads": 1, "torch": torch.__version__, "nmse": table,
+            "roundtrip": rt, "targets": targets}
