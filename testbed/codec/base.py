@@ -214,14 +214,13 @@ class Codec:
         (its value is still the zero-filled estimate)."""
         lay = self.layout(numel, ctx)
         device = packets.body.device
-        p = len(packets)
         nbytes = packets.length.clamp(min=0)
-        present = torch.zeros(p, dtype=torch.int64, device=device)
-        out = torch.zeros(numel, dtype=torch.float32, device=device)
-        missing = torch.ones(numel, dtype=torch.bool, device=device)
+        present = torch.zeros(len(packets), dtype=torch.int64, device=device)
+        values, missing = [], []
         for g in lay.groups:
+            per_span = lay.packets_in_span(g)
             ybuf = torch.zeros(g.count, g.size, dtype=torch.float32, device=device)
-            have = torch.zeros(g.count, g.size, dtype=torch.bool, device=device)
+            got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
             for b in (b for b in lay.blocks if b.group is g):
                 rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
                         & (packets.index >= b.first_index)
@@ -230,26 +229,26 @@ class Codec:
                 if rows.numel() == 0:
                     continue
                 full = self.body_bytes(b.coords)
-                body = _pad_cols(packets.body[rows], full)
-                length = nbytes[rows].clamp(max=full)
-                body = body * (torch.arange(full, device=device)[None, :] < length[:, None])
+                body, length = _block_body(packets, rows, nbytes, full)
                 yhat, pres = self.decode_block(body, length, packets.scale[rows])
                 present[rows] = pres
-                span = packets.span[rows] - g.first
-                pkt = packets.index[rows] - b.first_index
-                # Packets are whole rows of the (span, packet, coordinate) grid.
-                cols = slice(b.first_index * lay.coords, b.first_index * lay.coords + b.per_span * b.coords)
+                span, pkt = packets.span[rows] - g.first, packets.index[rows] - b.first_index
+                cols = slice(b.first_index * lay.coords,
+                             b.first_index * lay.coords + b.per_span * b.coords)
+                # A packet is one row of the (span, packet, coordinate) grid.
                 ybuf[:, cols].view(g.count, b.per_span, b.coords)[span, pkt] = yhat
-                have[:, cols].view(g.count, b.per_span, b.coords)[span, pkt] = (
-                    torch.arange(b.coords, device=device)[None, :] < pres[:, None])
+                got[span, pkt + b.first_index] = pres
+            sizes = torch.full((per_span,), lay.coords, dtype=torch.int64, device=device)
+            sizes[-1] = g.size - (per_span - 1) * lay.coords
             if self.rotated:
                 xs = rht.unrotate(ybuf, self._signs(ctx, g, device))
-                miss = (~have.all(dim=1, keepdim=True)).expand(g.count, g.size)
+                miss = (got < sizes).any(dim=1, keepdim=True).expand(g.count, g.filled)
             else:
-                xs, miss = ybuf, ~have
-            n = g.count * g.filled
-            out[g.start:g.start + n] = xs[:, :g.filled].reshape(-1)
-            missing[g.start:g.start + n] = miss[:, :g.filled].reshape(-1)
+                xs = ybuf
+                col = torch.arange(g.filled, device=device)
+                miss = col[None, :] % lay.coords >= got[:, col // lay.coords]
+            values.append(xs[:, :g.filled].reshape(-1))
+            missing.append(miss.reshape(-1))
         coords = packets.coords.clamp(min=1)
         stats = {
             "bytes": nbytes,
@@ -258,7 +257,31 @@ class Codec:
             "bits_per_coord": 8.0 * nbytes.to(torch.float64) / coords,
             "expected_nmse": self.expected_nmse(coords, nbytes),
         }
-        return Decoded(out, missing, stats)
+        return Decoded(_cat(values), _cat(missing), stats)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _block_body(packets: Packets, rows: torch.Tensor, nbytes: torch.Tensor,
+                full: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bodies of `rows`, exactly `full` bytes wide, zero past each packet's length.
+    Rows in order are a view (no copy); only trimmed rows are masked."""
+    n = rows.numel()
+    r0 = int(rows[0])
+    if int(rows[-1]) - r0 == n - 1:  # rows are sorted and unique, so this is a range
+        body = packets.body[r0:r0 + n]
+    else:
+        body = packets.body[rows]
+    body = _pad_cols(body, full)
+    length = nbytes[rows].clamp(max=full)
+    cut = (length < full).nonzero().squeeze(1)
+    if cut.numel():
+        keep = torch.arange(full, device=body.device)[None, :] < length[cut, None]
+        body = body.clone()
+        body[cut] = body[cut] * keep
+    return body, length
 
 
 def _pad_cols(body: torch.Tensor, width: int) -> torch.Tensor:

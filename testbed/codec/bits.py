@@ -3,7 +3,9 @@
 Bit planes use an 8×8 bit-matrix reflection on int64 words (three delta swaps, after
 Hacker's Delight §7-3): eight coordinates' bytes go in, eight plane bytes come out. Plane bytes
 carry coordinates MSB first (coordinate 0 in bit 7), like numpy.packbits.
-Multi-byte words on the wire are big-endian (network order), built with shifts.
+Multi-byte values in a body (raw floats, sign_tail's tail words) are little-endian: every
+host and accelerator we target stores them so, which makes them views instead of byte
+swaps. The packet header alone is in network byte order (testbed.wire).
 """
 
 from __future__ import annotations
@@ -64,15 +66,13 @@ def unpack_planes(planes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def words_to_bytes(w: torch.Tensor) -> torch.Tensor:
-    """(..., n) int64 holding uint32 → (..., 4n) uint8, big-endian."""
-    b = torch.stack([(w >> s) & 0xFF for s in (24, 16, 8, 0)], dim=-1).to(torch.uint8)
-    return b.reshape(*w.shape[:-1], -1)
+    """(..., n) int64 holding uint32 values → (..., 4n) uint8, little-endian."""
+    return w.to(torch.int32).view(torch.uint8)  # int32 keeps the low 32 bits
 
 
 def bytes_to_words(b: torch.Tensor) -> torch.Tensor:
-    """(..., 4n) uint8 → (..., n) int64 (uint32 values), big-endian."""
-    b = b.reshape(*b.shape[:-1], -1, 4).to(torch.int64)
-    return (b[..., 0] << 24) | (b[..., 1] << 16) | (b[..., 2] << 8) | b[..., 3]
+    """(..., 4n) uint8 → (..., n) int64 holding uint32 values, little-endian."""
+    return b.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 
 _J = torch.arange(31, dtype=torch.int64)

@@ -1,5 +1,6 @@
 """fp32 and bf16: raw contiguous values, no rotation (the naive baseline). A trim loses
-every coordinate past the cut."""
+every coordinate past the cut. Values go little-endian, as every host we target stores
+them, so encoding is a view and decoding a copy (see testbed/codec/bits.py)."""
 
 from __future__ import annotations
 
@@ -22,18 +23,15 @@ class _Raw(Codec):
 
     def encode_block(self, y):
         p, c = y.shape
-        wire = y.to(self.dtype).contiguous().view(torch.uint8).reshape(p, c, self.width)
-        body = wire.flip(-1).reshape(p, c * self.width)  # big-endian on the wire
+        body = y.to(self.dtype).contiguous().view(torch.uint8).reshape(p, c * self.width)
         return body, torch.ones(p, dtype=torch.float32, device=y.device)
 
     def decode_block(self, body, length, scale):
         p = body.shape[0]
         c = body.shape[1] // self.width
-        host = body.reshape(p, c, self.width).flip(-1).contiguous()
-        values = host.view(self.dtype).reshape(p, c).to(torch.float32)
+        values = body.contiguous().view(self.dtype).reshape(p, c).to(torch.float32)
         present = torch.clamp(length // self.width, max=c)
-        keep = torch.arange(c, device=body.device)[None, :] < present[:, None]
-        return torch.where(keep, values, torch.zeros_like(values)), present
+        return values, present  # bytes past the cut arrive zeroed: those values are 0
 
     def expected_nmse(self, coords, nbytes):
         present = torch.clamp(nbytes // self.width, max=coords)
