@@ -1,0 +1,26 @@
+import json
+import subprocess
+import sys
+
+from testbed.codec import CODECS
+
+
+def test_bench_codec_quick_prints_its_json():
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "codec", "--json", "--quick"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["bench"] == "codec" and result["numel_roundtrip"] == 1 << 22
+    rows = result["nmse"]
+    assert {r["codec"] for r in rows} == set(CODECS)
+    assert len(rows) == len(CODECS) * (8 + 8)  # 8 bit widths, 4 trim sizes × 2 MTUs
+    for r in rows:
+        for key in ("gaussian", "student_t3", "lognormal_s2", "theory"):
+            assert 0 <= r[key] <= 1.0 + 1e-6, (r, key)
+    assert result["targets"]["embedded_gaussian_le_1.1_Dk"]
+    assert result["targets"]["embedded_1bit_heavy_tailed_le_0.40"]
+    for name in CODECS:
+        r = result["roundtrip"][name]
+        assert r["clone_ms"] > 0 and r["encode_ms"] > 0 and r["decode_ms"] > 0
+        ratio = (r["encode_ms"] + r["decode_ms"]) / r["clone_ms"]
+        assert abs(r["roundtrip_over_clone"] - ratio) <= 0.01 * ratio + 0.01
