@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -60,9 +60,10 @@ class Packets:
         return dataclasses.replace(self, length=torch.clamp(self.length, max=nbytes))
 
 
-@dataclass
-class Decoded:
-    tensor: torch.Tensor  # (numel,) float32: the estimate; missing coordinates hold 0-filled estimates
+class Decoded(NamedTuple):
+    """`tensor, missing, stats = codec.decode(...)`."""
+
+    tensor: torch.Tensor  # (numel,) float32; missing coordinates hold zero-filled estimates
     missing: torch.Tensor  # (numel,) bool
     stats: dict[str, torch.Tensor]  # per input packet, in input order
 
@@ -181,8 +182,8 @@ class Codec:
         return Layout(numel, ctx.span, ctx.coords, pow2_tail=self.rotated)
 
     def _signs(self, ctx: CodecContext, g: SpanGroup, device) -> torch.Tensor:
-        return rht.span_signs(ctx.seed, ctx.step, ctx.bucket,
-                              range(g.first, g.first + g.count), g.size, device=device)
+        return rht.span_sign_masks(ctx.seed, ctx.step, ctx.bucket,
+                                   range(g.first, g.first + g.count), g.size, device=device)
 
     def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
         """Encode a flat float tensor into packets (span-major order)."""

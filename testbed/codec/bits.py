@@ -66,24 +66,25 @@ def unpack_planes(planes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def words_to_bytes(w: torch.Tensor) -> torch.Tensor:
-    """(..., n) int64 holding uint32 values → (..., 4n) uint8, little-endian."""
-    return w.to(torch.int32).view(torch.uint8)  # int32 keeps the low 32 bits
+    """(..., n) int32 words → (..., 4n) uint8, little-endian."""
+    return w.contiguous().view(torch.uint8)
 
 
 def bytes_to_words(b: torch.Tensor) -> torch.Tensor:
-    """(..., 4n) uint8 → (..., n) int64 holding uint32 values, little-endian."""
-    return b.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    """(..., 4n) uint8 → (..., n) int32 words, little-endian."""
+    return b.contiguous().view(torch.int32)
 
 
-_J = torch.arange(31, dtype=torch.int64)
+_J = torch.arange(31, dtype=torch.int32)
 
 
 def pack31(v: torch.Tensor) -> torch.Tensor:
-    """(P, c) int64 31-bit values, c a multiple of 32 → (P, 31c/32) int64 uint32 words:
-    each group of 32 values is one 992-bit big-endian string, cut into 31 words.
-    Word j of a group holds the low 31-j bits of value j, then the top j+1 bits of value j+1."""
+    """(P, c) 31-bit values (int32 ≥ 0), c a multiple of 32 → (P, 31c/32) int32 words:
+    each group of 32 values is one 992-bit string, cut into 31 words of 32 bits. Word j
+    holds the low 31-j bits of value j, then the top j+1 bits of value j+1. Words are bit
+    patterns: a set top bit makes the int32 negative, which is fine."""
     p, c = v.shape
-    v = v.reshape(p, c // 32, 32)
+    v = v.to(torch.int32).reshape(p, c // 32, 32)
     j = _J.to(v.device)
     lo = v[..., :31] & ((1 << (31 - j)) - 1)
     words = (lo << (j + 1)) | (v[..., 1:] >> (30 - j))
@@ -91,11 +92,12 @@ def pack31(v: torch.Tensor) -> torch.Tensor:
 
 
 def unpack31(words: torch.Tensor) -> torch.Tensor:
-    """Inverse of pack31: (P, 31g) int64 words → (P, 32g) int64 31-bit values."""
+    """Inverse of pack31: (P, 31g) int32 words → (P, 32g) int32 31-bit values."""
     p = words.shape[0]
     w = words.reshape(p, -1, 31)
     j = _J.to(w.device)
     prev = torch.nn.functional.pad(w[..., :30], (1, 0))  # word j-1, zero for j = 0
     head = (prev & ((1 << j) - 1)) << (31 - j)
-    v = torch.cat([head | (w >> (j + 1)), (w[..., 30:] & 0x7FFFFFFF)], dim=-1)
+    tail = (w >> (j + 1)) & ((1 << (31 - j)) - 1)  # the mask drops sign-extended bits
+    v = torch.cat([head | tail, w[..., 30:] & 0x7FFFFFFF], dim=-1)
     return v.reshape(p, -1)

@@ -48,34 +48,48 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-_BIT = torch.arange(8, dtype=torch.uint8)
+_SHIFT = torch.arange(31, -1, -1, dtype=torch.int32)  # bit i of a hash word → bit 31
+INT32_MIN = -(1 << 31)
 
 
-def sign_bits(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """Sign bits (1 = negate) for spans with 64-bit `keys` (int64 tensor of shape (S,)
-    holding the keys reinterpreted as signed), n coordinates each (n a multiple of 32).
-    Coordinate i takes bit i mod 32 of hash word i div 32. Returns uint8 (S, n)."""
+def sign_masks(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """Sign masks for spans with 64-bit `keys` (an int64 tensor (S,) holding the keys as
+    signed values), n coordinates each (a multiple of 32): int32 (S, n), INT32_MIN where
+    the coordinate is negated, else 0 — ready to XOR into float32 bits. Coordinate i takes
+    bit i mod 32 of hash word i div 32."""
     k1 = keys & MASK32
     k2 = (keys >> 32) & MASK32
     words = torch.arange(n // 32, dtype=torch.int64, device=keys.device)
     h = _fmix32(_mul32(words[None, :], 0x9E3779B1) ^ k1[:, None])
-    h = _fmix32(h ^ k2[:, None])
-    byte = torch.stack([(h >> s) & 0xFF for s in (0, 8, 16, 24)], dim=-1).to(torch.uint8)
-    bits = (byte[..., None] >> _BIT.to(keys.device)) & 1
-    return bits.reshape(keys.shape[0], n)
+    h = _fmix32(h ^ k2[:, None]).to(torch.int32)  # keeps the low 32 bits
+    return ((h[:, :, None] << _SHIFT.to(keys.device)) & INT32_MIN).reshape(keys.shape[0], n)
 
 
 def _signed64(key: int) -> int:
     return key - (1 << 64) if key >= 1 << 63 else key
 
 
+def span_sign_masks(seed: int, step: int, bucket: int, spans: range, n: int,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """The sign masks of each span in `spans`: (len(spans), n) int32."""
+    keys = torch.tensor([_signed64(span_key(seed, step, bucket, s)) for s in spans],
+                        dtype=torch.int64, device=device)
+    return sign_masks(keys, n)
+
+
 def span_signs(seed: int, step: int, bucket: int, spans: range, n: int,
                device: torch.device | str = "cpu",
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """±1 diagonal for each span in `spans`: a (len(spans), n) tensor."""
-    keys = torch.tensor([_signed64(span_key(seed, step, bucket, s)) for s in spans],
-                        dtype=torch.int64, device=device)
-    return 1 - 2 * sign_bits(keys, n).to(dtype)
+    """The ±1 diagonal D of each span in `spans`: (len(spans), n)."""
+    negate = span_sign_masks(seed, step, bucket, spans, n, device) != 0
+    return 1 - 2 * negate.to(dtype)
+
+
+def flip_signs(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """D·x: for float32 an XOR of the sign bits (one pass), else a multiply."""
+    if x.dtype == torch.float32:
+        return (x.contiguous().view(torch.int32) ^ masks).view(torch.float32)
+    return x * (1 - 2 * (masks != 0).to(x.dtype))
 
 
 @functools.lru_cache(maxsize=64)
@@ -104,11 +118,11 @@ def fwht(y: torch.Tensor) -> torch.Tensor:
     return torch.matmul(ha, torch.matmul(x, hb)).reshape(*lead, n)
 
 
-def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """R(x) = H·D·x/√n, row-wise for x of shape (S, n)."""
-    return fwht(x * signs) * (1.0 / math.sqrt(x.shape[-1]))
+def rotate(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """R(x) = H·D·x/√n, row-wise for x of shape (S, n), D given by its sign masks."""
+    return fwht(flip_signs(x, masks)).mul_(1.0 / math.sqrt(x.shape[-1]))
 
 
-def unrotate(y: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+def unrotate(y: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """R⁻¹(y) = D·H·y/√n."""
-    return fwht(y) * signs * (1.0 / math.sqrt(y.shape[-1]))
+    return flip_signs(fwht(y).mul_(1.0 / math.sqrt(y.shape[-1])), masks)

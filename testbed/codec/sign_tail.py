@@ -34,7 +34,7 @@ class SignTail(Codec):
 
     def encode_block(self, y):
         p, c = y.shape
-        raw = y.contiguous().view(torch.int32).to(torch.int64)
+        raw = y.contiguous().view(torch.int32)
         sign = (raw >> 31) & 1
         head = bits.pack_planes(sign, 1).reshape(p, c // 8)
         tail = bits.words_to_bytes(bits.pack31(raw & 0x7FFFFFFF))
@@ -51,7 +51,7 @@ class SignTail(Codec):
         head_bytes = c // 8
         sign = bits.unpack_planes(body[:, :head_bytes].reshape(p, 1, head_bytes), 1)
         magnitude = bits.unpack31(bits.bytes_to_words(body[:, head_bytes:]))
-        exact_val = magnitude.to(torch.int32).view(torch.float32) * (1 - 2 * sign).to(torch.float32)
+        exact_val = (magnitude | (sign << 31)).view(torch.float32)
         words = torch.clamp(length - head_bytes, min=0) // 4
         exact = (words // 31) * 32 + words % 31
         have_sign = torch.clamp(8 * length, max=c)
