@@ -65,16 +65,15 @@ def nmse_table(numel: int, seed: int) -> list[dict]:
     return rows
 
 
-def _median_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - t0)
 
 
 def roundtrip(numel: int, reps: int, seed: int) -> dict:
+    """Median encode, decode and clone times; the three are interleaved rep by rep so a
+    noisy neighbour slows all of them alike."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
     out = {}
     for name in CODECS:
@@ -83,12 +82,15 @@ def roundtrip(numel: int, reps: int, seed: int) -> dict:
                            coords=min(wire.max_coords(codec, 1500), SPAN))
         pk = codec.encode(x, ctx)
         codec.decode(pk, ctx, numel)  # warm caches (Hadamard matrices, tables)
-        clone = _median_ms(x.clone, reps)
-        enc = _median_ms(lambda: codec.encode(x, ctx), reps)
-        dec = _median_ms(lambda: codec.decode(pk, ctx, numel), reps)
-        clone = min(clone, _median_ms(x.clone, reps))  # clone measured around the codec too
-        out[name] = {"encode_ms": round(enc, 2), "decode_ms": round(dec, 2),
-                     "clone_ms": round(clone, 3), "roundtrip_over_clone": round((enc + dec) / clone, 2)}
+        times = {"clone": [], "encode": [], "decode": []}
+        for _ in range(reps):
+            times["clone"].append(_timed(x.clone))
+            times["encode"].append(_timed(lambda: codec.encode(x, ctx)))
+            times["decode"].append(_timed(lambda: codec.decode(pk, ctx, numel)))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out[name] = {"encode_ms": round(med["encode"], 2), "decode_ms": round(med["decode"], 2),
+                     "clone_ms": round(med["clone"], 3),
+                     "roundtrip_over_clone": round((med["encode"] + med["decode"]) / med["clone"], 2)}
     return out
 
 
@@ -98,7 +100,7 @@ def run(quick: bool = False, seed: int = 0) -> dict:
     try:
         numel = 1 << (18 if quick else 20)
         table = nmse_table(numel, seed)
-        rt = roundtrip(1 << 22, 3 if quick else 7, seed)
+        rt = roundtrip(1 << 22, 5 if quick else 15, seed)
     finally:
         torch.set_num_threads(threads)
     emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]

@@ -126,6 +126,12 @@ class Layout:
                 self.blocks.append(Block(g, n_full, 1, tail))
         self.num_spans = full + (rest > 0)
 
+    def block_view(self, spans: torch.Tensor, b: Block) -> torch.Tensor:
+        """The (spans, packets, coordinates) view of block `b` inside its group's
+        (count, size) span matrix: a packet is one row of it."""
+        start = b.first_index * self.coords
+        return spans[:, start:start + b.per_span * b.coords].view(b.group.count, b.per_span, b.coords)
+
     @property
     def num_packets(self) -> int:
         return sum(b.group.count * b.per_span for b in self.blocks)
@@ -198,9 +204,7 @@ class Codec:
             spans[g] = rht.rotate(chunk, self._signs(ctx, g, device)) if self.rotated else chunk
         parts = []
         for b in lay.blocks:
-            y = spans[b.group][:, b.first_index * lay.coords:
-                               b.first_index * lay.coords + b.per_span * b.coords]
-            y = y.reshape(b.group.count * b.per_span, b.coords)
+            y = lay.block_view(spans[b.group], b).reshape(-1, b.coords)
             body, scale = self.encode_block(y)
             span_idx = torch.arange(b.group.first, b.group.first + b.group.count, device=device)
             span_idx = span_idx.repeat_interleave(b.per_span)
@@ -220,8 +224,9 @@ class Codec:
         values, missing = [], []
         for g in lay.groups:
             per_span = lay.packets_in_span(g)
-            ybuf = torch.zeros(g.count, g.size, dtype=torch.float32, device=device)
+            ybuf = torch.empty(g.count, g.size, dtype=torch.float32, device=device)
             got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
+            arrived = torch.zeros(g.count, per_span, dtype=torch.bool, device=device)
             for b in (b for b in lay.blocks if b.group is g):
                 rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
                         & (packets.index >= b.first_index)
@@ -234,11 +239,12 @@ class Codec:
                 yhat, pres = self.decode_block(body, length, packets.scale[rows])
                 present[rows] = pres
                 span, pkt = packets.span[rows] - g.first, packets.index[rows] - b.first_index
-                cols = slice(b.first_index * lay.coords,
-                             b.first_index * lay.coords + b.per_span * b.coords)
-                # A packet is one row of the (span, packet, coordinate) grid.
-                ybuf[:, cols].view(g.count, b.per_span, b.coords)[span, pkt] = yhat
+                lay.block_view(ybuf, b)[span, pkt] = yhat
                 got[span, pkt + b.first_index] = pres
+                arrived[span, pkt + b.first_index] = True
+            if not bool(arrived.all()):  # lost packets estimate 0: zero their rows only
+                for b in (b for b in lay.blocks if b.group is g):
+                    lay.block_view(ybuf, b)[~arrived[:, b.first_index:b.first_index + b.per_span]] = 0
             sizes = torch.full((per_span,), lay.coords, dtype=torch.int64, device=device)
             sizes[-1] = g.size - (per_span - 1) * lay.coords
             if self.rotated:

@@ -107,7 +107,7 @@ class Embedded(Codec):
         marker = (1 << (k - whole)).to(torch.int32)[:, None]
         refined = torch.arange(c, device=body.device)[None, :] < 8 * part[:, None]
         v = (q << 1) | (marker >> refined.to(torch.int32))
-        zhat = self._table(str(body.device))[v]
+        zhat = self._table(str(body.device)).index_select(0, v.reshape(-1)).view(p, c)
         present = torch.where(whole > 0, torch.full_like(whole, c), 8 * part)
         return zhat * scale[:, None], present
 
