@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
-APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 tcpdump openssh-server openssh-client gcc-multilib
+APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump openssh-server openssh-client gcc-multilib
 STAMP := $(VENV)/.trimlab-installed
 
 .PHONY: setup apt venv test test-unit demo bench clean

@@ -17,6 +17,11 @@ app = typer.Typer(help="trimlab: ML training over packet-trimming switches.",
 bench_app = typer.Typer(help="Benchmarks; each prints JSON with same-run ratios.",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+rack_app = typer.Typer(help="The virtual rack on this machine.", no_args_is_help=True)
+app.add_typer(rack_app, name="rack")
+switch_app = typer.Typer(help="The switch of a virtual rack.", no_args_is_help=True)
+app.add_typer(switch_app, name="switch")
+RACK_ID = typer.Option(None, "--id", help="rack id (default: the only rack up)")
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -92,6 +97,94 @@ def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JS
         console.print(f"{name}: encode {r['encode_ms']} ms + decode {r['decode_ms']} ms = "
                       f"{r['roundtrip_over_clone']}× clone ({r['clone_ms']} ms)")
     console.print(f"targets: {result['targets']}")
+
+
+@rack_app.command("up")
+def rack_up(workers: int = typer.Option(4, help="worker hosts"),
+            ps: int = typer.Option(1, help="parameter-server hosts (0 or 1)"),
+            traffic: int = typer.Option(1, help="background-traffic hosts (0..2)"),
+            rate: str = typer.Option("1gbit", help="data port rate"),
+            mtu: int = typer.Option(1500, help="data network MTU"),
+            delay: float = typer.Option(0.0, help="one-way delay added at each host NIC, ms"),
+            rack_id: str = typer.Option("0", "--id", help="rack id: 1-6 lowercase letters/digits")):
+    """Build a virtual rack: namespaces, management bridge, sshd, the trimming switch."""
+    from testbed.vrack import rack
+
+    st = rack.plan(rack_id, workers, ps, traffic, rate, mtu, delay)
+    with console.status(f"building rack {rack_id} ({len(st.hosts)} namespaces)"):
+        rack.up(st)
+    console.print(f"rack {st.id} is up: {len(st.nic_hosts)} hosts, switch {st.switch.ns}, "
+                  f"management 198.18.{st.slot}.0/24")
+    print(st.dir / "inventory.yml")
+
+
+@rack_app.command("status")
+def rack_status(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--json")):
+    """Hosts, ports, whether sshd answers and the switch program is attached."""
+    from testbed.vrack import rack
+
+    info = rack.status(rack.resolve(rack_id))
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    table = Table("host", "role", "mgmt", "data", "port", "netns", "sshd",
+                  title=f"rack {info['id']}: switch program "
+                        f"{'attached' if info['switch_program'] else 'MISSING'}")
+    for h in info["hosts"]:
+        table.add_row(h["name"], h["role"], h["mgmt_ip"], h["data_ipv4"], h["port"],
+                      "ok" if h["namespace"] else "[red]gone[/]", "ok" if h["sshd"] else "[red]down[/]")
+    console.print(table)
+    console.print(f"inventory: {info['inventory']}")
+
+
+@rack_app.command("down")
+def rack_down(rack_id: str = RACK_ID,
+              everything: bool = typer.Option(False, "--all", help="remove every tl* object, state file or not")):
+    """Take a rack down; nothing of it remains."""
+    from testbed.vrack import rack
+
+    if everything:
+        ids = rack.down_all()
+        console.print(f"removed every tl* namespace, link and pin (racks: {', '.join(ids) or 'none recorded'})")
+        return
+    st = rack.resolve(rack_id)
+    rack.down(st)
+    console.print(f"rack {st.id} is down")
+
+
+@switch_app.command("apply")
+def switch_apply(config: str = typer.Argument(..., help="SONiC Config DB fragment (JSON)"),
+                 rack_id: str = RACK_ID):
+    """Change the running switch (validated whole first; counters are kept)."""
+    from testbed.vrack import rack, vswitch
+
+    sw = rack.resolve(rack_id).vswitch()
+    cfg = sw.apply(vswitch.load_config_file(config))
+    console.print(f"applied: trim size {cfg.size}, dscp {cfg.dscp_value}, queue {cfg.queue_index}")
+
+
+@switch_app.command("show")
+def switch_show(rack_id: str = RACK_ID):
+    """The running configuration, as a SONiC Config DB fragment."""
+    from testbed.vrack import rack
+
+    print(json.dumps(rack.resolve(rack_id).vswitch().read().to_config_db(), indent=2))
+
+
+@switch_app.command("counters")
+def switch_counters(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--json")):
+    """SONiC-named counters at switch, port and queue level."""
+    from testbed.vrack import rack, vswitch
+
+    c = rack.resolve(rack_id).vswitch().counters()
+    if as_json:
+        print(json.dumps(c, indent=2))
+        return
+    table = Table("port", *vswitch.COUNTERS, "PEAK_OCCUPANCY")
+    for port, row in c["ports"].items():
+        table.add_row(port, *(str(row[k]) for k in vswitch.COUNTERS), str(row["PEAK_OCCUPANCY"]))
+    table.add_row("switch", *(str(c["switch"][k]) for k in vswitch.COUNTERS), "")
+    console.print(table)
 
 
 @app.command()

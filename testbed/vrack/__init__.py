@@ -1,0 +1,1 @@
+"""The virtual rack: namespaces, management network, sshd, the eBPF trimming switch."""

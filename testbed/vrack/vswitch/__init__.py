@@ -1,0 +1,358 @@
+"""The eBPF trimming switch: build, attach, configure and read it.
+
+The program (trim.c) is compiled with clang at rack up, cached by source hash, loaded
+once per rack with bpftool and its maps pinned under /sys/fs/bpf/tl<id>/; every switch
+port attaches the same pinned program on clsact egress, under an HTB (port rate) →
+prio (8 strict-priority bands) qdisc tree.
+
+Configuration arrives as the SONiC Config DB fragment (SWITCH_TRIMMING|GLOBAL,
+BUFFER_PROFILE, BUFFER_QUEUE, DSCP_TO_TC_MAP, TC_TO_QUEUE_MAP, PORT speed), the same
+thing the SONiC target renders, plus TRIMLAB_INJECT|GLOBAL for deterministic injection.
+It is validated whole before any map is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.errors import SpecError, TrimlabError
+from testbed.vrack.bpfmap import PinnedMap
+
+SOURCE = Path(__file__).with_name("trim.c")
+NQ = 8
+MAX_PORTS = 64
+ACTIONS = {"drop": 0, "trim": 1}
+COUNTERS = ("TX_PKTS", "TX_BYTES", "TRIM_PKTS", "TRIM_TX_PKTS", "TRIM_DRP_PKTS", "DROP_PKTS")
+_QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then COUNTERS order below
+_GCFG = struct.Struct("<8I")
+_PORTCFG = struct.Struct("<Q8I8B")
+_U32 = struct.Struct("<I")
+MIN_TRIM_SIZE = 14 + 40 + 8  # Ethernet + IPv6 + UDP: every trimmed packet keeps its L4 header
+
+
+class SwitchError(TrimlabError):
+    """The virtual switch cannot be built or reached."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRIMLAB_CACHE", "/var/cache/trimlab"))
+
+
+def build() -> Path:
+    """Compile trim.c (once per source and flags: cached by their hash)."""
+    from testbed.doctor import bpf_cflags, which
+
+    clang = which("clang")
+    if not clang:
+        raise SwitchError("clang not found: apt-get install clang llvm libbpf-dev (or make setup)")
+    flags = bpf_cflags() + ["-Wall"]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    obj = cache_dir() / f"vswitch-{digest}.o"
+    if not obj.exists():
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        tmp = obj.with_suffix(f".{os.getpid()}.tmp")
+        out = subprocess.run([clang, *flags, "-c", str(SOURCE), "-o", str(tmp)],
+                             capture_output=True, text=True)
+        if out.returncode:
+            raise SwitchError(f"compiling {SOURCE.name} failed: {out.stderr.strip()[-400:]}")
+        tmp.replace(obj)
+    return obj
+
+
+def _sh(*cmd: str, ns: str | None = None) -> subprocess.CompletedProcess:
+    # nsenter, not `ip netns exec`: the latter remounts /sys and hides /sys/fs/bpf pins.
+    full = (["nsenter", f"--net=/run/netns/{ns}"] if ns else []) + list(cmd)
+    out = subprocess.run(full, capture_output=True, text=True)
+    if out.returncode:
+        raise SwitchError(f"`{' '.join(full)}` failed: {out.stderr.strip()}")
+    return out
+
+
+def load(pin_dir: Path) -> None:
+    """Load the program and pin it with its maps in `pin_dir` (under bpffs)."""
+    obj = build()
+    if not os.path.ismount("/sys/fs/bpf"):
+        _sh("mount", "-t", "bpf", "bpf", "/sys/fs/bpf")
+    pin_dir.mkdir(parents=True, exist_ok=True)
+    _sh("bpftool", "prog", "load", str(obj), str(pin_dir / "prog"), "type", "classifier",
+        "pinmaps", str(pin_dir))
+
+
+def unpin(pin_dir: Path) -> None:
+    if pin_dir.exists():
+        shutil.rmtree(pin_dir, ignore_errors=True)
+
+
+def attach(ns: str, ifname: str, ifindex: int, port: int, pin_dir: Path, rate_bps: int) -> None:
+    """Scheduling tree and the egress program on one switch port. Strict priority under a
+    rate limiter, with HTB alone (the kernels we meet may lack sch_prio): eight leaf
+    classes with a token assured rate borrow the port rate in `prio` order, band 0 first.
+    The program classifies by setting skb->priority to 1:(10 + band)."""
+    set_port_rate(ns, ifname, rate_bps, create=True)
+    for band in range(NQ):
+        _sh("tc", "class", "replace", "dev", ifname, "parent", "1:1", "classid", f"1:{0x10 + band:x}",
+            "htb", "rate", "8kbit", "ceil", f"{rate_bps}bit", "prio", str(band), "quantum", "1514", ns=ns)
+        _sh("tc", "qdisc", "replace", "dev", ifname, "parent", f"1:{0x10 + band:x}", "handle",
+            f"{0x10 + band:x}:", "pfifo", "limit", "10000", ns=ns)
+    _sh("tc", "qdisc", "replace", "dev", ifname, "clsact", ns=ns)
+    _sh("tc", "filter", "replace", "dev", ifname, "egress", "pref", "1", "handle", "1", "bpf",
+        "direct-action", "object-pinned", str(pin_dir / "prog"), ns=ns)
+    with PinnedMap(str(pin_dir / "port_of"), 4) as m:
+        m.update(ifindex, _U32.pack(port))
+
+
+def set_port_rate(ns: str, ifname: str, rate_bps: int, create: bool = False) -> None:
+    """The HTB root (default: the lowest band) and its port-rate class."""
+    rate = f"{rate_bps}bit"
+    if create:
+        _sh("tc", "qdisc", "replace", "dev", ifname, "root", "handle", "1:", "htb",
+            "default", f"{0x10 + NQ - 1:x}", ns=ns)
+    _sh("tc", "class", "replace", "dev", ifname, "parent", "1:", "classid", "1:1", "htb",
+        "rate", rate, "ceil", rate, "burst", "15k", "cburst", "15k", ns=ns)
+
+
+@dataclass
+class SwitchConfig:
+    """The running configuration, in the switch's terms (validated)."""
+
+    size: int = 128
+    dscp_value: int = 48
+    queue_index: int = 7
+    dscp_to_queue: list[int] = field(default_factory=lambda: [d >> 3 for d in range(64)])
+    budgets: dict[str, list[int]] = field(default_factory=dict)  # port -> bytes per queue
+    actions: dict[str, list[str]] = field(default_factory=dict)  # port -> action per queue
+    speeds: dict[str, int] = field(default_factory=dict)  # port -> Mb/s
+    inject_probability: float = 0.0
+    inject_action: str = "trim"
+    inject_seed: int = 0
+
+    def to_config_db(self) -> dict:
+        """The SONiC Config DB fragment that means this configuration."""
+        profiles, queues = {}, {}
+        for port, budget in self.budgets.items():
+            for q in range(NQ):
+                name = f"q_{self.actions[port][q]}_{budget[q]}"
+                profiles[name] = {"pool": "egress_lossy_pool", "size": "0",
+                                  "static_th": str(budget[q]),
+                                  "packet_discard_action": self.actions[port][q]}
+                queues[f"{port}|{q}"] = {"profile": name}
+        return {
+            "SWITCH_TRIMMING": {"GLOBAL": {"size": str(self.size), "dscp_value": str(self.dscp_value),
+                                           "queue_index": str(self.queue_index)}},
+            "DSCP_TO_TC_MAP": {"TRIMLAB": {str(d): str(q) for d, q in enumerate(self.dscp_to_queue)}},
+            "TC_TO_QUEUE_MAP": {"TRIMLAB": {str(q): str(q) for q in range(NQ)}},
+            "BUFFER_PROFILE": profiles,
+            "BUFFER_QUEUE": queues,
+            "PORT": {p: {"speed": str(s)} for p, s in self.speeds.items()},
+            "TRIMLAB_INJECT": {"GLOBAL": {"probability": str(self.inject_probability),
+                                          "action": self.inject_action, "seed": str(self.inject_seed)}},
+        }
+
+
+def _int(value, where: str, lo: int, hi: int) -> int:
+    try:
+        v = int(str(value), 0)
+    except ValueError:
+        raise SpecError(f"{where}: {value!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise SpecError(f"{where}: {v} is out of range ({lo}..{hi})")
+    return v
+
+
+def _queue_list(spec: str, where: str) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = _int(lo, where, 0, NQ - 1), _int(hi or lo, where, 0, NQ - 1)
+        out.extend(range(a, b + 1))
+    return out
+
+
+def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int) -> SwitchConfig:
+    """Merge a Config DB fragment into `current`; every error names the table and key."""
+    import copy
+
+    cfg = copy.deepcopy(current)
+    known = {"SWITCH_TRIMMING", "BUFFER_PROFILE", "BUFFER_QUEUE", "DSCP_TO_TC_MAP",
+             "TC_TO_QUEUE_MAP", "PORT_QOS_MAP", "PORT", "TRIMLAB_INJECT", "BUFFER_POOL"}
+    for table in doc:
+        if table not in known:
+            raise SpecError(f"{table}: unknown table; the virtual switch reads {', '.join(sorted(known))}")
+    g = doc.get("SWITCH_TRIMMING", {}).get("GLOBAL", {})
+    if "size" in g:
+        cfg.size = _int(g["size"], "SWITCH_TRIMMING|GLOBAL.size", MIN_TRIM_SIZE, mtu + 14)
+    if "dscp_value" in g:
+        if str(g["dscp_value"]) == "from-tc":
+            raise SpecError("SWITCH_TRIMMING|GLOBAL.dscp_value: from-tc is not supported by the "
+                            "virtual switch; give a DSCP 0..63")
+        cfg.dscp_value = _int(g["dscp_value"], "SWITCH_TRIMMING|GLOBAL.dscp_value", 0, 63)
+    if "queue_index" in g:
+        if str(g["queue_index"]) == "dynamic":
+            raise SpecError("SWITCH_TRIMMING|GLOBAL.queue_index: dynamic is not supported by the "
+                            "virtual switch; give a queue 0..7")
+        cfg.queue_index = _int(g["queue_index"], "SWITCH_TRIMMING|GLOBAL.queue_index", 0, NQ - 1)
+    dscp_maps = doc.get("DSCP_TO_TC_MAP", {})
+    tc_maps = doc.get("TC_TO_QUEUE_MAP", {})
+    if len(dscp_maps) > 1 or len(tc_maps) > 1:
+        raise SpecError("DSCP_TO_TC_MAP/TC_TO_QUEUE_MAP: the virtual switch applies one map to "
+                        "every port; give one of each")
+    if dscp_maps or tc_maps:
+        (dname, dmap), = dscp_maps.items() if dscp_maps else (("identity", {str(d): str(d >> 3) for d in range(64)}),)
+        (tname, tmap), = tc_maps.items() if tc_maps else (("identity", {str(t): str(t) for t in range(NQ)}),)
+        tc_of = [0] * 64
+        for d, tc in dmap.items():
+            tc_of[_int(d, f"DSCP_TO_TC_MAP|{dname}", 0, 63)] = _int(tc, f"DSCP_TO_TC_MAP|{dname}.{d}", 0, NQ - 1)
+        queue_of_tc = list(range(NQ))
+        for t, q in tmap.items():
+            queue_of_tc[_int(t, f"TC_TO_QUEUE_MAP|{tname}", 0, NQ - 1)] = _int(q, f"TC_TO_QUEUE_MAP|{tname}.{t}", 0, NQ - 1)
+        cfg.dscp_to_queue = [queue_of_tc[tc_of[d]] for d in range(64)]
+    profiles = doc.get("BUFFER_PROFILE", {})
+    for name, prof in profiles.items():
+        action = prof.get("packet_discard_action", "drop")
+        if action not in ACTIONS:
+            raise SpecError(f"BUFFER_PROFILE|{name}.packet_discard_action: {action!r}; use trim or drop")
+        if "static_th" not in prof and "size" not in prof:
+            raise SpecError(f"BUFFER_PROFILE|{name}: give static_th (the queue's byte budget)")
+    for key, binding in doc.get("BUFFER_QUEUE", {}).items():
+        port_part, sep, qpart = key.partition("|")
+        if not sep:
+            raise SpecError(f"BUFFER_QUEUE|{key}: key must be PORT|QUEUES, e.g. Ethernet0|3-4")
+        name = binding.get("profile", "")
+        if name not in profiles:
+            raise SpecError(f"BUFFER_QUEUE|{key}.profile: {name!r} is not in BUFFER_PROFILE")
+        prof = profiles[name]
+        budget = _int(prof.get("static_th", prof.get("size")), f"BUFFER_PROFILE|{name}.static_th", 0, 1 << 31)
+        for port in port_part.split(","):
+            if port not in ports:
+                raise SpecError(f"BUFFER_QUEUE|{key}: port {port} does not exist; ports are {', '.join(ports)}")
+            for q in _queue_list(qpart, f"BUFFER_QUEUE|{key}"):
+                cfg.budgets[port][q] = budget
+                cfg.actions[port][q] = prof.get("packet_discard_action", "drop")
+    for port, attrs in doc.get("PORT", {}).items():
+        if port not in ports:
+            raise SpecError(f"PORT|{port}: port does not exist; ports are {', '.join(ports)}")
+        if "speed" in attrs:
+            cfg.speeds[port] = _int(attrs["speed"], f"PORT|{port}.speed", 1, 400_000)
+    inj = doc.get("TRIMLAB_INJECT", {}).get("GLOBAL", {})
+    if "probability" in inj:
+        try:
+            p = float(inj["probability"])
+        except ValueError:
+            p = -1.0
+        if not 0.0 <= p <= 1.0:
+            raise SpecError(f"TRIMLAB_INJECT|GLOBAL.probability: {inj['probability']!r}; use 0..1")
+        cfg.inject_probability = p
+    if "action" in inj:
+        if inj["action"] not in ACTIONS:
+            raise SpecError(f"TRIMLAB_INJECT|GLOBAL.action: {inj['action']!r}; use trim or drop")
+        cfg.inject_action = inj["action"]
+    if "seed" in inj:
+        cfg.inject_seed = _int(inj["seed"], "TRIMLAB_INJECT|GLOBAL.seed", 0, (1 << 32) - 1)
+    return cfg
+
+
+class VSwitch:
+    """A running virtual switch: its pinned maps and its ports (name -> index)."""
+
+    def __init__(self, pin_dir: Path, ports: list[str], mtu: int, ns: str | None = None):
+        self.pin_dir, self.ports, self.mtu, self.ns = pin_dir, ports, mtu, ns
+
+    def _map(self, name: str, size: int, spin_lock: bool = False) -> PinnedMap:
+        path = self.pin_dir / name
+        if not path.exists():
+            raise SwitchError(f"switch map {path} is missing: is the rack up? (trimlab rack status)")
+        return PinnedMap(str(path), size, spin_lock)
+
+    def write(self, cfg: SwitchConfig) -> None:
+        """Write a validated configuration into the maps; counters are not touched."""
+        with self._map("ports", _PORTCFG.size) as m:
+            for i, port in enumerate(self.ports):
+                rate = cfg.speeds[port] * 1_000_000 // 8
+                acts = [ACTIONS[a] for a in cfg.actions[port]]
+                m.update(i, _PORTCFG.pack(rate, *cfg.budgets[port], *acts))
+        with self._map("dscp_queue", 4) as m:
+            for d, q in enumerate(cfg.dscp_to_queue):
+                m.update(d, _U32.pack(q))
+        p32 = min(int(cfg.inject_probability * (1 << 32)), (1 << 32) - 1)
+        with self._map("config", _GCFG.size) as m:
+            m.update(0, _GCFG.pack(1, cfg.size, cfg.dscp_value, cfg.queue_index, p32,
+                                   ACTIONS[cfg.inject_action], cfg.inject_seed, 0))
+
+    def read(self) -> SwitchConfig:
+        with self._map("config", _GCFG.size) as m:
+            enabled, size, dscp, qidx, p32, inj_act, seed, _ = _GCFG.unpack(m.lookup(0))
+        names = {v: k for k, v in ACTIONS.items()}
+        cfg = SwitchConfig(size=size, dscp_value=dscp, queue_index=qidx,
+                           inject_probability=p32 / (1 << 32), inject_action=names[inj_act],
+                           inject_seed=seed)
+        with self._map("dscp_queue", 4) as m:
+            cfg.dscp_to_queue = [_U32.unpack(m.lookup(d))[0] for d in range(64)]
+        with self._map("ports", _PORTCFG.size) as m:
+            for i, port in enumerate(self.ports):
+                rate, *rest = _PORTCFG.unpack(m.lookup(i))
+                cfg.speeds[port] = rate * 8 // 1_000_000
+                cfg.budgets[port] = list(rest[:NQ])
+                cfg.actions[port] = [names[a] for a in rest[NQ:]]
+        return cfg
+
+    def apply(self, doc: dict) -> SwitchConfig:
+        """Validate a Config DB fragment against the running config, then write it (and
+        the port rate limiters whose speed changed)."""
+        old = self.read()
+        cfg = parse_config_db(doc, self.ports, old, self.mtu)
+        for port in self.ports:
+            if self.ns and cfg.speeds[port] != old.speeds[port]:
+                set_port_rate(self.ns, port, cfg.speeds[port] * 1_000_000)
+        self.write(cfg)
+        return cfg
+
+    def queue_counters(self) -> dict[str, list[dict[str, int]]]:
+        """Per port, per queue: SONiC-named counters plus occupancy and its peak (bytes)."""
+        out = {}
+        with self._map("queues", _QSTATE.size, spin_lock=True) as m:
+            for i, port in enumerate(self.ports):
+                rows = []
+                for q in range(NQ):
+                    _, _, occ, _, peak, tx, txb, trim, trim_tx, trim_drp, drop = _QSTATE.unpack(
+                        m.lookup(i * NQ + q))
+                    rows.append({"TX_PKTS": tx, "TX_BYTES": txb, "TRIM_PKTS": trim,
+                                 "TRIM_TX_PKTS": trim_tx, "TRIM_DRP_PKTS": trim_drp,
+                                 "DROP_PKTS": drop, "OCCUPANCY": occ, "PEAK_OCCUPANCY": peak})
+                out[port] = rows
+        return out
+
+    def counters(self) -> dict:
+        """Switch, port and queue level counters (sums of the queue counters)."""
+        queues = self.queue_counters()
+        ports = {p: {c: sum(r[c] for r in rows) for c in COUNTERS}
+                 | {"PEAK_OCCUPANCY": max(r["PEAK_OCCUPANCY"] for r in rows)} for p, rows in queues.items()}
+        switch = {c: sum(p[c] for p in ports.values()) for c in COUNTERS}
+        return {"switch": switch, "ports": ports, "queues": queues}
+
+
+def default_config(ports: list[str], speed_mbps: int, budget: int = 64 * 1024,
+                   trim_queues: tuple[int, ...] = (1,)) -> SwitchConfig:
+    """A switch that trims queue 1 (DSCP 8–15, AF1x) and drops elsewhere, SONiC's default
+    128-byte trim size, trimmed packets remarked DSCP 48 and sent on queue 7."""
+    cfg = SwitchConfig()
+    for p in ports:
+        cfg.budgets[p] = [budget] * NQ
+        cfg.actions[p] = ["trim" if q in trim_queues else "drop" for q in range(NQ)]
+        cfg.speeds[p] = speed_mbps
+    return cfg
+
+
+def load_config_file(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
