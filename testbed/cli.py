@@ -22,7 +22,8 @@ app.add_typer(rack_app, name="rack")
 switch_app = typer.Typer(help="The switch of a virtual rack.", no_args_is_help=True)
 app.add_typer(switch_app, name="switch")
 RACK_ID = typer.Option(None, "--id", help="rack id (default: the only rack up)")
-console = Console(soft_wrap=True)
+# Not a terminal (a log, a pipe): wide enough that tables are not cut.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, soft_wrap=True)
 
 

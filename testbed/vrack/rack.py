@@ -237,6 +237,9 @@ def _host_nic(ns: str, dev: str, rate_bps: int, delay_ms: float) -> None:
     _run("tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1", ns=ns)
     _run("tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
          "ceil", rate, "burst", "15k", "cburst", "15k", ns=ns)
+    # Deep enough that a sender's socket buffer, not the qdisc, pushes back, as a NIC would.
+    _run("tc", "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "2:", "pfifo",
+         "limit", "20000", ns=ns)
 
 
 def up(st: RackState) -> RackState:

@@ -1,0 +1,78 @@
+"""Helpers that run inside a rack namespace (python -m tests.rack.nsrun CMD ...):
+send scapy-built packets, or receive UDP and print what arrived as JSON."""
+
+import json
+import select
+import socket
+import sys
+import time
+
+
+def send(hexframes: str, iface: str = "eth1", gap: float = 0.0) -> None:
+    from scapy.all import conf
+    sock = conf.L2socket(iface=iface)
+    for h in hexframes.split(","):
+        sock.send(bytes.fromhex(h))
+        if gap:
+            time.sleep(gap)
+    sock.close()
+
+
+def udp_burst(dst: str, count: int, size: int, tos: int, port: int = 47001, tag: int = 0) -> None:
+    """`count` datagrams of `size` bytes, each starting with (tag, sequence number)."""
+    v6 = ":" in dst
+    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+    if v6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+    else:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+    pad = b"\x00" * max(0, size - 8)
+    for i in range(count):
+        s.sendto(tag.to_bytes(4, "big") + i.to_bytes(4, "big") + pad, (dst, port))
+
+
+def send_payloads(dst: str, path: str, tos: int, port: int = 47000) -> None:
+    """Send the UDP payloads in `path` (one hex string per line)."""
+    v6 = ":" in dst
+    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+    if v6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+    else:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    for line in open(path):
+        s.sendto(bytes.fromhex(line.strip()), (dst, port))
+        time.sleep(0.0002)
+
+
+def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "") -> None:
+    """Receive until idle; print [[first 24 bytes as hex, length, tos], ...] in arrival order."""
+    s = socket.socket(socket.AF_INET6 if v6 == "6" else socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 25)
+    if v6 == "6":
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+    else:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    s.bind(("::" if v6 == "6" else "0.0.0.0", port))
+    if ready:
+        open(ready, "w").close()
+    got = []
+    while select.select([s], [], [], idle)[0]:
+        data, anc, _, _ = s.recvmsg(65535, 64)
+        tos = anc[0][2][0] if anc else -1
+        got.append([data[:24].hex(), len(data), tos])
+    print(json.dumps(got))
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    fn = {"send": send, "udp_burst": udp_burst, "udp_receive": udp_receive,
+          "send_payloads": send_payloads}[cmd]
+    kwargs = dict(a.split("=", 1) for a in args)
+    for k in ("count", "size", "tos", "port", "tag"):
+        if k in kwargs:
+            kwargs[k] = int(kwargs[k])
+    for k in ("gap", "idle"):
+        if k in kwargs:
+            kwargs[k] = float(kwargs[k])
+    fn(**kwargs)
