@@ -188,6 +188,31 @@ def switch_counters(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, 
     console.print(table)
 
 
+@switch_app.command("sample")
+def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"),
+                  interval: float = typer.Option(0.01, help="seconds between samples"),
+                  duration: float = typer.Option(None, help="stop after this many seconds (default: until signalled)"),
+                  rack_id: str = RACK_ID):
+    """Record occupancy and counters per port and queue into a CSV, until stopped."""
+    import os
+    import signal
+    import threading
+
+    from testbed.vrack import rack, vswitch
+
+    st = rack.resolve(rack_id)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    pidfile = st.dir / "run" / f"sampler-{os.getpid()}.pid"  # so that `rack down` stops it
+    pidfile.write_text(f"{os.getpid()}\n")
+    try:
+        n = vswitch.sample(st.vswitch(), out, interval, duration, stop)
+    finally:
+        pidfile.unlink(missing_ok=True)
+    err_console.print(f"{n} samples written to {out}")
+
+
 @app.command()
 def demo():
     """The default experiment. Until the run command lands, this runs the codec benchmark."""

@@ -365,6 +365,15 @@ def _netns_list() -> list[str]:
             if line.strip()]
 
 
+def alive(pid: int) -> bool:
+    """A process exists and is not a zombie (exited daemons wait for init to reap them)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _kill_namespace_processes(ns: str) -> None:
     """Every process in a namespace of ours is ours (sshd, agents): stop them by PID."""
     pids = [int(p) for p in _run("ip", "netns", "pids", ns, check=False).stdout.split()]
@@ -376,7 +385,7 @@ def _kill_namespace_processes(ns: str) -> None:
                 pass
         deadline = time.monotonic() + 2
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if Path(f"/proc/{p}").exists()]
+            pids = [p for p in pids if alive(p)]
             if pids:
                 time.sleep(0.05)
         if not pids:
@@ -401,7 +410,7 @@ def _kill_pidfiles(run_dir: Path) -> None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if b"trimlab" in cmdline or b"sshd" in cmdline:
+        if any(tag in cmdline for tag in (b"trimlab", b"testbed", b"sshd")):
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:

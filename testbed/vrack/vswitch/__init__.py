@@ -337,6 +337,38 @@ class VSwitch:
         return {"switch": switch, "ports": ports, "queues": queues}
 
 
+SAMPLE_COLUMNS = ("time_s", "port", "queue", "OCCUPANCY", "PEAK_OCCUPANCY", *COUNTERS)
+
+
+def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | None = None,
+           stop=None) -> int:
+    """Record occupancy and counters of every (port, queue) every `interval` seconds into
+    a CSV until `duration` passes or `stop` (a threading.Event-like) is set. Rows are
+    flushed as they are written, so a killed sampler keeps what it saw. Returns samples."""
+    import csv
+    import time
+
+    t0 = time.time()
+    n = 0
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(SAMPLE_COLUMNS)
+        next_at = time.monotonic()
+        while not (stop is not None and stop.is_set()):
+            now = time.time()
+            if duration is not None and now - t0 >= duration:
+                break
+            for port, rows in sw.queue_counters().items():
+                for q, r in enumerate(rows):
+                    w.writerow([f"{now:.6f}", port, q, r["OCCUPANCY"], r["PEAK_OCCUPANCY"],
+                                *(r[c] for c in COUNTERS)])
+            f.flush()
+            n += 1
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    return n
+
+
 def default_config(ports: list[str], speed_mbps: int, budget: int = 64 * 1024,
                    trim_queues: tuple[int, ...] = (1,)) -> SwitchConfig:
     """A switch that trims queue 1 (DSCP 8–15, AF1x) and drops elsewhere, SONiC's default
