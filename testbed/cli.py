@@ -213,6 +213,16 @@ def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"
     err_console.print(f"{n} samples written to {out}")
 
 
+@bench_app.command("switch")
+def bench_switch(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
+                 quick: bool = typer.Option(False, help="shorter points, fewer rounds")):
+    """Packets/s through the virtual switch: program vs none, all trimmed vs none trimmed."""
+    from bench.switch import run
+
+    result = run(quick=quick)
+    print(json.dumps(result, indent=None if as_json else 2))
+
+
 @app.command()
 def demo():
     """The default experiment. Until the run command lands, this runs the codec benchmark."""

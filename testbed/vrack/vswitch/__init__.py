@@ -102,10 +102,14 @@ def attach(ns: str, ifname: str, ifindex: int, port: int, pin_dir: Path, rate_bp
         _sh("tc", "qdisc", "replace", "dev", ifname, "parent", f"1:{0x10 + band:x}", "handle",
             f"{0x10 + band:x}:", "pfifo", "limit", "10000", ns=ns)
     _sh("tc", "qdisc", "replace", "dev", ifname, "clsact", ns=ns)
-    _sh("tc", "filter", "replace", "dev", ifname, "egress", "pref", "1", "handle", "1", "bpf",
-        "direct-action", "object-pinned", str(pin_dir / "prog"), ns=ns)
+    attach_program(ns, ifname, pin_dir)
     with PinnedMap(str(pin_dir / "port_of"), 4) as m:
         m.update(ifindex, _U32.pack(port))
+
+
+def attach_program(ns: str, ifname: str, pin_dir: Path) -> None:
+    _sh("tc", "filter", "replace", "dev", ifname, "egress", "pref", "1", "handle", "1", "bpf",
+        "direct-action", "object-pinned", str(pin_dir / "prog"), ns=ns)
 
 
 def set_port_rate(ns: str, ifname: str, rate_bps: int, create: bool = False) -> None:

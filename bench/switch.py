@@ -1,0 +1,93 @@
+"""`trimlab bench switch`: packets per second through the virtual switch with and without
+the trimming program, and with every packet trimmed, on one rack in the same run.
+
+A C load generator (sendmmsg) on w1 sends to ps1, which counts what its NIC received; the
+port rate is set far above what the machine can push, so the limiter never binds and the
+figures measure the datapath's cost. Configurations alternate round by round, so a noisy
+neighbour slows them alike; medians are reported."""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import sys
+import subprocess
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("blast.c")
+
+
+def _blaster() -> Path:
+    from testbed.vrack.vswitch import cache_dir
+
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    exe = cache_dir() / f"blast-{digest}"
+    if not exe.exists():
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-O2", "-o", str(exe), str(SOURCE)], check=True)
+    return exe
+
+
+def _rx_packets(ns: str) -> int:
+    out = subprocess.run(["ip", "netns", "exec", ns, "cat", "/sys/class/net/eth1/statistics/rx_packets"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+def run(quick: bool = False, rack_id: str = "bsw") -> dict:
+    from testbed.vrack import rack, vswitch
+
+    seconds, rounds = (1.0, 3) if quick else (2.0, 5)
+    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", 1500, 0))
+    sink = None
+    try:
+        sw = st.vswitch()
+        w1, ps = st.nic_hosts[0], st.nic_hosts[1]
+        big = {"BUFFER_PROFILE": {"deep": {"static_th": str(1 << 30), "packet_discard_action": "trim"}},
+               "BUFFER_QUEUE": {f"{','.join(st.ports)}|0-7": {"profile": "deep"}},
+               "SWITCH_TRIMMING": {"GLOBAL": {"size": "128"}}}
+        sw.apply(big)
+        # A socket that never reads: the receiver's stack drops at its queue, no ICMP.
+        sink = subprocess.Popen(["ip", "netns", "exec", ps.ns, sys.executable, "-c",
+                                 "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+                                 "s.bind(('0.0.0.0', 47001)); time.sleep(3600)"])
+        exe = _blaster()
+        ports = [(h.port, h.port_index) for h in st.nic_hosts]
+
+        def configure(mode: str) -> None:
+            for port, _ in ports:
+                subprocess.run(["nsenter", f"--net=/run/netns/{st.switch.ns}", "tc", "filter", "del",
+                                "dev", port, "egress"], capture_output=True)
+            if mode != "no_program":
+                for h in st.nic_hosts:
+                    vswitch.attach_program(st.switch.ns, h.port, st.pin_dir)
+            p = "1" if mode == "all_trimmed" else "0"
+            sw.apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": p, "action": "trim"}}})
+
+        pps: dict[str, list[float]] = {"no_program": [], "program": [], "all_trimmed": []}
+        for _ in range(rounds):
+            for mode in pps:
+                configure(mode)
+                before = _rx_packets(ps.ns)
+                t0 = time.monotonic()
+                subprocess.run(["ip", "netns", "exec", w1.ns, str(exe), ps.data_ipv4, "47001", "512",
+                                str(10 << 2), str(seconds)], capture_output=True, check=True)
+                time.sleep(0.05)
+                pps[mode].append((_rx_packets(ps.ns) - before) / (time.monotonic() - t0 - 0.05))
+        trims = sw.counters()["switch"]["TRIM_TX_PKTS"]
+    finally:
+        if sink:
+            sink.kill()
+            sink.wait()
+        rack.down(st)
+    med = {k: statistics.median(v) for k, v in pps.items()}
+    return {"bench": "switch", "quick": quick, "seconds_per_point": seconds, "rounds": rounds,
+            "payload_bytes": 512, "trim_size": 128,
+            "pps_median": {k: round(v) for k, v in med.items()},
+            "pps_all": {k: [round(x) for x in v] for k, v in pps.items()},
+            "forwarding_ratio": round(med["program"] / med["no_program"], 3),
+            "trim_pps_ratio": round(med["all_trimmed"] / med["program"], 3),
+            "trimmed_packets_seen": trims,
+            "targets": {"forwarding_ratio_ge_0.9": med["program"] / med["no_program"] >= 0.9,
+                        "trim_pps_ratio_ge_0.8": med["all_trimmed"] / med["program"] >= 0.8}}

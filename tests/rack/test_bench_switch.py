@@ -1,0 +1,21 @@
+import json
+import subprocess
+import sys
+
+from tests.rack.conftest import require_root
+
+
+def test_bench_switch_quick_prints_its_json():
+    require_root()
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "switch", "--json", "--quick"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert set(r["pps_median"]) == {"no_program", "program", "all_trimmed"}
+    assert all(v > 1000 for v in r["pps_median"].values())
+    med = r["pps_median"]
+    assert abs(r["forwarding_ratio"] - med["program"] / med["no_program"]) < 0.01
+    assert abs(r["trim_pps_ratio"] - med["all_trimmed"] / med["program"]) < 0.01
+    assert r["trimmed_packets_seen"] > 0  # the all_trimmed points really trimmed
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "tlbsw" not in left
