@@ -188,6 +188,22 @@ def switch_counters(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, 
     console.print(table)
 
 
+@switch_app.command("render")
+def switch_render(profile: str = typer.Argument(..., help="profile name (switch_configs/profiles) or path"),
+                  target: str = typer.Option(..., help="sonic | cumulus | vswitch"),
+                  ports: str = typer.Option(None, help="comma-separated ports, NAME or NAME:network "
+                                                      "(default: the target's example ports)")):
+    """Print what a profile would apply on a target: config data and CLI lines."""
+    from testbed.spec import load_profile
+    from testbed.targets import Port, get_target
+
+    t = get_target(target)
+    port_list = list(t.default_ports)
+    if ports:
+        port_list = [Port(*p.split(":", 1)) for p in ports.split(",")]
+    print(t.render(load_profile(profile), port_list).text(), end="")
+
+
 @switch_app.command("sample")
 def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"),
                   interval: float = typer.Option(0.01, help="seconds between samples"),

@@ -347,8 +347,9 @@ SAMPLE_COLUMNS = ("time_s", "port", "queue", "OCCUPANCY", "PEAK_OCCUPANCY", *COU
 def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | None = None,
            stop=None) -> int:
     """Record occupancy and counters of every (port, queue) every `interval` seconds into
-    a CSV until `duration` passes or `stop` (a threading.Event-like) is set. Rows are
-    flushed as they are written, so a killed sampler keeps what it saw. Returns samples."""
+    a CSV until `duration` passes, `stop` (a threading.Event-like) is set or the rack goes
+    down. Rows are flushed as they are written, so a killed sampler keeps what it saw.
+    Returns the number of samples."""
     import csv
     import time
 
@@ -362,7 +363,11 @@ def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | Non
             now = time.time()
             if duration is not None and now - t0 >= duration:
                 break
-            for port, rows in sw.queue_counters().items():
+            try:
+                counters = sw.queue_counters()
+            except (SwitchError, OSError):  # the rack went down: its pins are gone
+                break
+            for port, rows in counters.items():
                 for q, r in enumerate(rows):
                     w.writerow([f"{now:.6f}", port, q, r["OCCUPANCY"], r["PEAK_OCCUPANCY"],
                                 *(r[c] for c in COUNTERS)])

@@ -1,0 +1,33 @@
+"""trimlab's eBPF virtual switch: the SONiC Config DB fragment it reads (the same tables
+as the SONiC target, so a profile means the same on both) plus TRIMLAB_INJECT."""
+
+from __future__ import annotations
+
+import json
+
+from testbed.targets.base import Port, Rendered, SwitchTarget
+from testbed.targets.sonic import Sonic
+from testbed.vrack.vswitch import MIN_TRIM_SIZE
+
+
+class VSwitchTarget(Sonic):
+    name = "vswitch"
+    default_ports = (Port("Ethernet0"), Port("Ethernet4"), Port("Ethernet8"))
+    mtu = 9000
+
+    def check(self, profile, ports):
+        SwitchTarget.check(self, profile, ports)  # not Sonic.check: other limits here
+        if not MIN_TRIM_SIZE <= profile.size <= self.mtu + 14:
+            raise self.fail("size", profile.size, f"{MIN_TRIM_SIZE}..{self.mtu + 14} bytes (MTU {self.mtu})")
+        if profile.dscp == "from-tc":
+            raise self.fail("dscp", profile.dscp, "a DSCP 0..63 (from-tc is not implemented)")
+        if profile.queue == "dynamic" or not 0 <= profile.queue <= 7:
+            raise self.fail("queue", profile.queue, "a queue 0..7 (no dynamic)")
+        if profile.exempt_sources:
+            raise self.fail("exempt_sources", profile.exempt_sources, "none (no ACL stage)")
+
+    def _render(self, profile, ports):
+        config = json.loads(self._template("sonic/config_db.json.j2", **self.context(profile, ports)))
+        config.update(json.loads(self._template("inject.json.j2", p=profile)))
+        commands = [f"trimlab switch apply trimlab-{profile.name}.json"]
+        return Rendered(self.name, profile.name, config, "json", commands)

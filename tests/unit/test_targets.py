@@ -1,0 +1,101 @@
+"""Switch targets: golden renderings of every shipped profile on every target, and each
+target's limits as one clear error."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from testbed.errors import SpecError
+from testbed.spec import PROFILES_DIR, TrimProfile, load_profile
+from testbed.targets import TARGETS, Port, get_target
+
+GOLDEN = Path(__file__).with_name("golden")
+PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yml"))
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("profile", PROFILES)
+def test_rendering_matches_golden_file(profile, target):
+    t = get_target(target)
+    try:
+        got = t.render(load_profile(profile), list(t.default_ports)).text()
+    except SpecError as exc:
+        got = f"error: {exc}\n"
+    path = GOLDEN / f"{profile}.{target}.txt"
+    if os.environ.get("TRIMLAB_UPDATE_GOLDEN"):
+        path.write_text(got)
+    assert got == path.read_text(), f"regenerate with TRIMLAB_UPDATE_GOLDEN=1 if intended: {path}"
+
+
+def test_shipped_profiles_exist():
+    assert {"default", "sonic-default", "cumulus-default", "asymmetric"} <= set(PROFILES)
+
+
+def profile(**kw):
+    base = {"name": "p", "size": 256, "dscp": 10, "queue": 4, "eligible_queues": [1]}
+    return TrimProfile.model_validate(base | kw)
+
+
+@pytest.mark.parametrize("target,kw,msg", [
+    ("cumulus", {"size": 128}, "profile p: field size=128: target cumulus allows 256..1024, a multiple of 4"),
+    ("cumulus", {"size": 1026}, "size=1026: target cumulus allows 256..1024, a multiple of 4"),
+    ("cumulus", {"size": 258}, "size=258: target cumulus allows 256..1024, a multiple of 4"),
+    ("cumulus", {"queue": 9}, "queue=9: target cumulus allows a switch priority 0..7"),
+    ("cumulus", {"queue": "dynamic"}, "queue='dynamic': target cumulus allows a switch priority 0..7"),
+    ("cumulus", {"exempt_sources": ["10.0.0.0/8"]}, "exempt_sources=.*target cumulus allows none"),
+    ("cumulus", {"injection": {"probability": 0.1}}, "injection.probability=0.1: target cumulus allows 0 only"),
+    ("sonic", {"queue": 300}, None),  # caught by the profile model itself
+    ("sonic", {"size": 10000}, "size=10000: target sonic allows 1..9216 bytes"),
+    ("sonic", {"injection": {"probability": 0.5}}, "injection.probability=0.5: target sonic allows 0 only"),
+    ("vswitch", {"size": 40}, "size=40: target vswitch allows 62..9014 bytes"),
+    ("vswitch", {"queue": "dynamic"}, "queue='dynamic': target vswitch allows a queue 0..7"),
+    ("vswitch", {"dscp": "from-tc", "trim_tc": 4, "port_dscp": {"host": 1}}, "dscp='from-tc': target vswitch"),
+])
+def test_target_limits_name_field_target_and_range(target, kw, msg):
+    if msg is None:
+        with pytest.raises(SpecError, match="queue=300: a queue index is 0..255"):
+            profile(**kw)
+        return
+    t = get_target(target)
+    with pytest.raises(SpecError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        t.render(profile(**kw), list(t.default_ports))
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"dscp": 64}, "dscp=64: a DSCP is 0..63"),
+    ({"dscp": "from-tc"}, "dscp=from-tc needs trim_tc"),
+    ({"trim_tc": 3}, "trim_tc and port_dscp only apply with dscp: from-tc"),
+    ({"eligible_queues": [8]}, "eligible_queues: 8 is not a queue"),
+    ({"exempt_sources": ["nope"]}, "exempt_sources: 'nope' is not an IP prefix"),
+    ({"dscp_to_tc": {70: 1}}, "dscp_to_tc: 70: 1 must map"),
+])
+def test_profile_model_errors(kw, msg):
+    with pytest.raises(SpecError, match=msg):
+        profile(**kw)
+
+
+def test_ports_are_checked_per_target():
+    with pytest.raises(SpecError, match="port 'Ethernet0': target cumulus names ports like swp1"):
+        get_target("cumulus").render(profile(), [Port("Ethernet0")])
+    with pytest.raises(SpecError, match="port_dscp: no DSCP for network-facing ports"):
+        get_target("sonic").render(profile(dscp="from-tc", trim_tc=4, port_dscp={"host": 3}),
+                                   [Port("Ethernet0"), Port("Ethernet4", "network")])
+
+
+def test_exempt_sources_render_a_disable_trim_acl():
+    r = get_target("sonic").render(profile(exempt_sources=["198.19.0.13/32", "fd00:7472::d/128"]),
+                                   [Port("Ethernet0")])
+    rules = r.config["ACL_RULE"]
+    assert rules["TRIMLAB_NO_TRIM|EXEMPT_0"] == {"PRIORITY": "9999", "SRC_IP": "198.19.0.13/32",
+                                                 "PACKET_ACTION": "DISABLE_TRIM"}
+    assert rules["TRIMLAB_NO_TRIM|EXEMPT_1"]["SRC_IPV6"] == "fd00:7472::d/128"
+
+
+def test_vswitch_rendering_is_what_the_virtual_switch_reads():
+    from testbed.vrack.vswitch import default_config, parse_config_db
+    ports = ["Ethernet0", "Ethernet4"]
+    r = get_target("vswitch").render(load_profile("sonic-default"), [Port(p) for p in ports])
+    cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
+    assert (cfg.size, cfg.dscp_value, cfg.queue_index) == (128, 48, 6)
+    assert cfg.actions["Ethernet0"][3] == "trim" and cfg.budgets["Ethernet0"][6] == 65536
