@@ -155,13 +155,23 @@ def rack_down(rack_id: str = RACK_ID,
 
 @switch_app.command("apply")
 def switch_apply(config: str = typer.Argument(..., help="SONiC Config DB fragment (JSON)"),
-                 rack_id: str = RACK_ID):
+                 rack_id: str = RACK_ID,
+                 check: bool = typer.Option(False, "--check", help="change nothing; say what would change"),
+                 report: bool = typer.Option(False, "--report", help="print {changed, diff} as JSON (for Ansible)")):
     """Change the running switch (validated whole first; counters are kept)."""
     from testbed.vrack import rack, vswitch
 
     sw = rack.resolve(rack_id).vswitch()
-    cfg = sw.apply(vswitch.load_config_file(config))
-    console.print(f"applied: trim size {cfg.size}, dscp {cfg.dscp_value}, queue {cfg.queue_index}")
+    doc = vswitch.load_config_file(config)
+    _, cfg, diff = sw.plan(doc)
+    if diff and not check:
+        sw.apply(doc)
+    if report:
+        print(json.dumps({"changed": bool(diff), "diff": diff}))
+        return
+    verb = "would change" if check else "changed"
+    console.print(f"{verb} {len(diff)} setting(s): trim size {cfg.size}, dscp {cfg.dscp_value}, "
+                  f"queue {cfg.queue_index}" if diff else "unchanged")
 
 
 @switch_app.command("show")
@@ -237,6 +247,34 @@ def bench_switch(as_json: bool = typer.Option(False, "--json", help="print the J
 
     result = run(quick=quick)
     print(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command()
+def provision(inventory: str = typer.Option(None, "-i", "--inventory", help="Ansible YAML inventory "
+                                            "(default: the running virtual rack)"),
+              profile: str = typer.Option("default", help="trimming profile (switch_configs/profiles)"),
+              check: bool = typer.Option(False, "--check", help="show what would change, change nothing"),
+              limit: str = typer.Option(None, help="only these hosts/groups (Ansible pattern)"),
+              tags: str = typer.Option(None, help="only these roles: trim_switch,nic_host,trimlab_agent,capture"),
+              rack_id: str = RACK_ID):
+    """Configure trimming on every switch and prepare every host, through Ansible."""
+    from pathlib import Path
+
+    from testbed import provision as prov
+
+    inv = Path(inventory) if inventory else prov.default_inventory(rack_id)
+    out = prov.run(inv, profile=profile, check=check, limit=limit, tags=tags, console=console)
+    table = Table("host", "ok", "changed", "failed", "skipped", "unreachable",
+                  title=f"provision {'(check) ' if check else ''}profile {profile}: {out.status}")
+    for host, r in sorted(out.hosts.items()):
+        table.add_row(host, str(r.ok), str(r.changed), str(r.failed), str(r.skipped), str(r.unreachable))
+    console.print(table)
+    for c in out.changes:
+        console.print(f"  changed: {c['host']}: {c['task']}")
+    if out.failures or out.rc != 0:
+        for f in out.failures:
+            err_console.print(f"[red]failed:[/] {f['host']}: {f['task']}: {f['msg']}", highlight=False)
+        raise prov.ProvisionError(f"provisioning failed ({len(out.failures)} failure(s), ansible rc {out.rc})")
 
 
 @app.command()

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -278,7 +279,11 @@ def up(st: RackState) -> RackState:
         st.vswitch().write(vswitch.default_config(st.ports, st.rate_bps // 1_000_000))
         Path("/run/sshd").mkdir(exist_ok=True)
         for h in st.hosts:
-            _run("/usr/sbin/sshd", "-f", str(_sshd_config(st, h)), ns=h.ns)
+            if h.role == "switch":  # its sessions run `trimlab switch`: they need /sys/fs/bpf,
+                # which `ip netns exec` hides by remounting /sys
+                _run("nsenter", f"--net=/run/netns/{h.ns}", "/usr/sbin/sshd", "-f", str(_sshd_config(st, h)))
+            else:
+                _run("/usr/sbin/sshd", "-f", str(_sshd_config(st, h)), ns=h.ns)
         write_inventory(st)
         _wait_ssh(st)
     except BaseException:
@@ -320,16 +325,19 @@ def write_inventory(st: RackState) -> Path:
             "ansible_ssh_private_key_file": str(keys / "id_ed25519"),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={st.dir / 'known_hosts'} "
                                        "-o StrictHostKeyChecking=yes",
+            "ansible_python_interpreter": sys.executable,
             "trimlab_rack_id": st.id,
             "trimlab_virtual": True,
+            "trimlab_python": sys.executable,
+            "trimlab_cli": str(Path(sys.executable).with_name("trimlab")),
             "data_mtu": st.mtu,
         },
         "children": {
             "trim_switches": {"hosts": {st.switch.ns: {
                 "ansible_host": st.switch.mgmt_ip,
                 "trim_switch_os": "vswitch",
-                "ports": {h.port: {"host": h.ns, "speed_mbps": st.rate_bps // 1_000_000}
-                          for h in st.nic_hosts},
+                "ports": {h.port: {"host": h.ns, "facing": "host",
+                                   "speed_mbps": st.rate_bps // 1_000_000} for h in st.nic_hosts},
             }}},
             "nic_hosts": {"hosts": {h.ns: {
                 "ansible_host": h.mgmt_ip, "role": h.role, "data_if": "eth1",

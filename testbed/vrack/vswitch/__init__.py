@@ -160,6 +160,20 @@ class SwitchConfig:
         }
 
 
+def _flat(cfg: SwitchConfig) -> dict[str, str]:
+    out = {}
+    for table, keys in cfg.to_config_db().items():
+        for key, fields in keys.items():
+            for f, v in fields.items():
+                out[f"{table}|{key}.{f}"] = v
+    return out
+
+
+def config_diff(old: SwitchConfig, new: SwitchConfig) -> dict[str, list]:
+    a, b = _flat(old), _flat(new)
+    return {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
 def _int(value, where: str, lo: int, hi: int) -> int:
     try:
         v = int(str(value), 0)
@@ -306,11 +320,17 @@ class VSwitch:
                 cfg.actions[port] = [names[a] for a in rest[NQ:]]
         return cfg
 
+    def plan(self, doc: dict) -> tuple[SwitchConfig, SwitchConfig, dict]:
+        """(running, wanted, diff) for a Config DB fragment; nothing is written. The diff
+        maps each changed 'TABLE|KEY.field' to [running, wanted]."""
+        old = self.read()
+        new = parse_config_db(doc, self.ports, old, self.mtu)
+        return old, new, config_diff(old, new)
+
     def apply(self, doc: dict) -> SwitchConfig:
         """Validate a Config DB fragment against the running config, then write it (and
         the port rate limiters whose speed changed)."""
-        old = self.read()
-        cfg = parse_config_db(doc, self.ports, old, self.mtu)
+        old, cfg, _ = self.plan(doc)
         for port in self.ports:
             if self.ns and cfg.speeds[port] != old.speeds[port]:
                 set_port_rate(self.ns, port, cfg.speeds[port] * 1_000_000)

@@ -1,0 +1,187 @@
+"""`trimlab provision`: validate the inventory and the profile for every switch OS, render
+the profile per switch, then run playbooks/site.yml through ansible-runner with live
+per-task progress and a per-host summary."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.errors import TrimlabError
+
+PLAYBOOK_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+CONNECT_TIMEOUT_S = 10
+
+
+class ProvisionError(TrimlabError):
+    """A provisioning run failed on some host (runtime failure: exit code 1)."""
+
+    exit_code = 1
+
+
+@dataclass
+class HostResult:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    unreachable: int = 0
+
+
+@dataclass
+class Outcome:
+    status: str
+    rc: int
+    hosts: dict[str, HostResult]
+    failures: list[dict] = field(default_factory=list)  # host, task, msg
+    changes: list[dict] = field(default_factory=list)  # host, task
+
+    @property
+    def changed(self) -> int:
+        return sum(h.changed for h in self.hosts.values())
+
+
+def render_profiles(rack, profile_name: str, out_dir: Path) -> dict[str, str]:
+    """Render the profile for every switch into out_dir; every target's limits are checked
+    here, before Ansible touches anything. Returns switch -> target."""
+    from testbed.spec import load_profile
+    from testbed.targets import Port, get_target
+
+    profile = load_profile(profile_name)
+    done = {}
+    for sw in rack.switches:
+        target = get_target(sw.os)
+        if sw.os == "vswitch":
+            target.mtu = int(rack.vars.get("data_mtu", target.mtu))
+        ports = [Port(name, d.get("facing", "host")) for name, d in sw.ports.items()]
+        r = target.render(profile, ports)
+        suffix = ".json" if r.config_format == "json" else ".yml"
+        (out_dir / f"{sw.name}{suffix}").write_text(r.config_text())
+        (out_dir / f"{sw.name}.commands").write_text("\n".join(r.commands) + "\n")
+        done[sw.name] = sw.os
+    return done
+
+
+class Progress:
+    """ansible-runner event handler: the current task and per-host counters."""
+
+    def __init__(self, live=None):
+        self.hosts: dict[str, HostResult] = {}
+        self.failures: list[dict] = []
+        self.changes: list[dict] = []
+        self.task = ""
+        self.live = live
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        host = data.get("host")
+        with self.lock:
+            if kind == "playbook_on_task_start":
+                self.task = data.get("task", "")
+            elif kind.startswith("runner_on_") and host:
+                r = self.hosts.setdefault(host, HostResult())
+                res = data.get("res", {}) or {}
+                if kind == "runner_on_ok":
+                    r.ok += 1
+                    if res.get("changed"):
+                        r.changed += 1
+                        self.changes.append({"host": host, "task": data.get("task", "")})
+                elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+                    r.failed += 1
+                    self.failures.append({"host": host, "task": data.get("task", ""),
+                                          "msg": _message(res)})
+                elif kind == "runner_on_unreachable":
+                    r.unreachable += 1
+                    self.failures.append({"host": host, "task": data.get("task", ""),
+                                          "msg": "unreachable: " + _message(res)})
+                elif kind == "runner_on_skipped":
+                    r.skipped += 1
+        if self.live is not None:
+            self.live.update(self.render())
+        return True
+
+    def render(self):
+        from rich.table import Table
+
+        t = Table("host", "ok", "changed", "failed", "unreachable", title=f"task: {self.task}")
+        for h, r in sorted(self.hosts.items()):
+            t.add_row(h, str(r.ok), str(r.changed), str(r.failed), str(r.unreachable))
+        return t
+
+
+def _message(res: dict) -> str:
+    msg = res.get("msg") or res.get("stderr") or res.get("stdout") or ""
+    return " ".join(str(msg).split())[:400]
+
+
+def run(inventory: Path, profile: str = "default", check: bool = False, limit: str | None = None,
+        tags: str | None = None, extravars: dict | None = None, console=None) -> Outcome:
+    """Validate, render, run site.yml; raise nothing for host failures (see Outcome)."""
+    import ansible_runner
+
+    from testbed import inventory as inv
+
+    rack = inv.load(inventory)  # validated before anything is touched
+    work = Path(tempfile.mkdtemp(prefix="trimlab-provision-"))
+    try:
+        rendered = work / "rendered"
+        rendered.mkdir()
+        render_profiles(rack, profile, rendered)
+        cmdline = " ".join(["--check" if check else "", "--diff"]).strip()
+        # ansible-playbook lives next to this interpreter (the venv), maybe not on PATH.
+        bindir = str(Path(sys.executable).parent)
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        env = {
+            "ANSIBLE_TIMEOUT": str(CONNECT_TIMEOUT_S),
+            "ANSIBLE_SSH_RETRIES": "0",
+            "ANSIBLE_PIPELINING": "True",
+            "ANSIBLE_HOST_KEY_CHECKING": "True",
+            "ANSIBLE_ROLES_PATH": str(PLAYBOOK_DIR / "roles"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_SSH_ARGS": f"-o ControlMaster=auto -o ControlPersist=60s -o ConnectTimeout="
+                                f"{CONNECT_TIMEOUT_S} -o ServerAliveInterval=5 -o ServerAliveCountMax=2",
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "cp"),  # per run: ends with the run
+        }
+        live_ctx = None
+        if console is not None:
+            from rich.live import Live
+            live_ctx = Live(console=console, refresh_per_second=8, transient=True)
+        progress = Progress(live_ctx)
+        kwargs = dict(private_data_dir=str(work), project_dir=str(PLAYBOOK_DIR),
+                      playbook=str(PLAYBOOK_DIR / "site.yml"), inventory=str(inventory.resolve()),
+                      extravars={"trimlab_rendered_dir": str(rendered), "trimlab_profile": profile,
+                                 **(extravars or {})},
+                      envvars=env, cmdline=cmdline or None, limit=limit, tags=tags,
+                      event_handler=progress, quiet=True, suppress_env_files=True)
+        if live_ctx is not None:
+            with live_ctx:
+                thread, runner = ansible_runner.run_async(**kwargs)
+                thread.join()
+        else:
+            thread, runner = ansible_runner.run_async(**kwargs)
+            thread.join()
+        failures = progress.failures
+        if runner.rc != 0 and not failures:  # Ansible itself failed (syntax, inventory...)
+            tail = (runner.stdout.read() if runner.stdout else "").strip().splitlines()[-3:]
+            failures = [{"host": "-", "task": "ansible-playbook", "msg": " ".join(tail) or runner.status}]
+        return Outcome(runner.status, runner.rc, progress.hosts, failures, progress.changes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def default_inventory(rack_id: str | None) -> Path:
+    """Without -i: the running virtual rack's inventory."""
+    from testbed.vrack import rack
+
+    return rack.resolve(rack_id).dir / "inventory.yml"
+
+
+__all__ = ["Outcome", "ProvisionError", "default_inventory", "render_profiles", "run"]
