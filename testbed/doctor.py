@@ -16,6 +16,7 @@ PYTHON_DEPS = ("torch", "numpy", "scapy", "pydantic", "typer", "rich", "yaml")
 TOOLS = {  # command -> Debian package
     "ip": "iproute2", "tc": "iproute2", "clang": "clang", "llc": "llvm", "bpftool": "bpftool",
     "sshd": "openssh-server", "ssh-keygen": "openssh-client", "tcpdump": "tcpdump",
+    "ethtool": "ethtool", "nsenter": "util-linux",
 }
 SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 
@@ -66,6 +67,9 @@ def _kernel_checks() -> list[Check]:
                             else created.stderr.strip(), "run as root on a kernel with CONFIG_NET_NS"))
         if created.returncode:
             return checks
+        htb = _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "htb")
+        checks.append(Check("tc htb", htb.returncode == 0, htb.stderr.strip() or "htb attached",
+                            "a kernel with CONFIG_NET_SCH_HTB (port rates and priority bands)"))
         qd = _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "clsact")
         checks.append(Check("tc clsact", qd.returncode == 0, qd.stderr.strip() or "clsact attached",
                             "a kernel with CONFIG_NET_SCH_INGRESS (clsact)"))

@@ -18,14 +18,20 @@ def send(hexframes: str, iface: str = "eth1", gap: float = 0.0) -> None:
     sock.close()
 
 
-def udp_burst(dst: str, count: int, size: int, tos: int, port: int = 47001, tag: int = 0) -> None:
-    """`count` datagrams of `size` bytes, each starting with (tag, sequence number)."""
+def _udp_sender(dst: str, tos: int) -> socket.socket:
+    """A UDP socket marking its packets with `tos` (IPv4 TOS / IPv6 traffic class)."""
     v6 = ":" in dst
     s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
     if v6:
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
     else:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    return s
+
+
+def udp_burst(dst: str, count: int, size: int, tos: int, port: int = 47001, tag: int = 0) -> None:
+    """`count` datagrams of `size` bytes, each starting with (tag, sequence number)."""
+    s = _udp_sender(dst, tos)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
     pad = b"\x00" * max(0, size - 8)
     for i in range(count):
@@ -34,12 +40,7 @@ def udp_burst(dst: str, count: int, size: int, tos: int, port: int = 47001, tag:
 
 def send_payloads(dst: str, path: str, tos: int, port: int = 47000) -> None:
     """Send the UDP payloads in `path` (one hex string per line)."""
-    v6 = ":" in dst
-    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
-    if v6:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
-    else:
-        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    s = _udp_sender(dst, tos)
     for line in open(path):
         s.sendto(bytes.fromhex(line.strip()), (dst, port))
         time.sleep(0.0002)

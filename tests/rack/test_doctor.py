@@ -10,6 +10,6 @@ def test_doctor_passes_on_this_machine(root_only):
     failed = [c for c in checks if c["required"] and not c["ok"]]
     assert out.returncode == 0 and not failed, failed
     names = {c["name"] for c in checks}
-    assert {"network namespaces", "tc clsact", "tc BPF program", "tool: sshd", "tool: tcpdump"} <= names
+    assert {"network namespaces", "tc clsact", "tc htb", "tc BPF program", "tool: sshd", "tool: tcpdump"} <= names
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "tldoc" not in left  # its scratch namespace is gone
