@@ -3,8 +3,9 @@ the trimming program, and with every packet trimmed, on one rack in the same run
 
 A C load generator (sendmmsg) on w1 sends to ps1, which counts what its NIC received; the
 port rate is set far above what the machine can push, so the limiter never binds and the
-figures measure the datapath's cost. Configurations alternate round by round, so a noisy
-neighbour slows them alike; medians are reported."""
+figures measure the datapath's cost. The three configurations run one after another in
+each round; the ratios are medians of per-round ratios, so a slow spell of this shared
+machine hits the points it compares alike and cancels."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _rx_packets(ns: str) -> int:
 def run(quick: bool = False, rack_id: str = "bsw") -> dict:
     from testbed.vrack import rack, vswitch
 
-    seconds, rounds = (1.0, 3) if quick else (2.0, 5)
+    seconds, rounds = (0.5, 5) if quick else (1.0, 11)
     st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", 1500, 0))
     sink = None
     try:
@@ -82,12 +83,15 @@ def run(quick: bool = False, rack_id: str = "bsw") -> dict:
             sink.wait()
         rack.down(st)
     med = {k: statistics.median(v) for k, v in pps.items()}
+    # Ratios within each round, then their median: a slow spell of the machine hits the
+    # three points of a round alike, and cancels.
+    fwd = statistics.median(p / n for p, n in zip(pps["program"], pps["no_program"]))
+    trim = statistics.median(t / p for t, p in zip(pps["all_trimmed"], pps["program"]))
     return {"bench": "switch", "quick": quick, "seconds_per_point": seconds, "rounds": rounds,
             "payload_bytes": 512, "trim_size": 128,
             "pps_median": {k: round(v) for k, v in med.items()},
             "pps_all": {k: [round(x) for x in v] for k, v in pps.items()},
-            "forwarding_ratio": round(med["program"] / med["no_program"], 3),
-            "trim_pps_ratio": round(med["all_trimmed"] / med["program"], 3),
+            "forwarding_ratio": round(fwd, 3),
+            "trim_pps_ratio": round(trim, 3),
             "trimmed_packets_seen": trims,
-            "targets": {"forwarding_ratio_ge_0.9": med["program"] / med["no_program"] >= 0.9,
-                        "trim_pps_ratio_ge_0.8": med["all_trimmed"] / med["program"] >= 0.8}}
+            "targets": {"forwarding_ratio_ge_0.9": fwd >= 0.9, "trim_pps_ratio_ge_0.8": trim >= 0.8}}

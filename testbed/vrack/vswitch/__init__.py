@@ -28,6 +28,7 @@ from testbed.vrack.bpfmap import PinnedMap
 SOURCE = Path(__file__).with_name("trim.c")
 NQ = 8
 MAX_PORTS = 64
+MAX_IFINDEX = 4096  # trim.c: port_of is an array indexed by ifindex
 ACTIONS = {"drop": 0, "trim": 1}
 COUNTERS = ("TX_PKTS", "TX_BYTES", "TRIM_PKTS", "TRIM_TX_PKTS", "TRIM_DRP_PKTS", "DROP_PKTS")
 _QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then COUNTERS order below
@@ -103,8 +104,10 @@ def attach(ns: str, ifname: str, ifindex: int, port: int, pin_dir: Path, rate_bp
             f"{0x10 + band:x}:", "pfifo", "limit", "10000", ns=ns)
     _sh("tc", "qdisc", "replace", "dev", ifname, "clsact", ns=ns)
     attach_program(ns, ifname, pin_dir)
+    if ifindex >= MAX_IFINDEX:
+        raise SwitchError(f"switch port {ifname} has ifindex {ifindex}; the program maps at most {MAX_IFINDEX}")
     with PinnedMap(str(pin_dir / "port_of"), 4) as m:
-        m.update(ifindex, _U32.pack(port))
+        m.update(ifindex, _U32.pack(port + 1))  # 0 means: not a switch port
 
 
 def attach_program(ns: str, ifname: str, pin_dir: Path) -> None:

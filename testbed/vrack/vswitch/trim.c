@@ -22,6 +22,7 @@
 
 #define NQ 8
 #define MAX_PORTS 64
+#define MAX_IFINDEX 4096
 #define ACT_DROP 0
 #define ACT_TRIM 1
 #define TRIMLAB_PORT 47000
@@ -86,11 +87,13 @@ struct {
 	__type(value, __u32);
 } dscp_queue SEC(".maps");
 
+// ifindex -> port number + 1 (0: not a switch port). An array, not a hash: this lookup
+// runs for every packet, and ifindexes inside the switch namespace are small.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_PORTS);
-	__type(key, __u32);  // ifindex
-	__type(value, __u32);  // port number
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_IFINDEX);
+	__type(key, __u32);
+	__type(value, __u32);
 } port_of SEC(".maps");
 
 // HTB class 1:(0x10 + band) of a queue; higher queues are served first.
@@ -192,9 +195,9 @@ int trimlab_egress(struct __sk_buff *skb)
 	struct gcfg *cfg = bpf_map_lookup_elem(&config, &zero);
 	__u32 ifindex = skb->ifindex;
 	__u32 *portp = bpf_map_lookup_elem(&port_of, &ifindex);
-	if (!cfg || !portp || !cfg->enabled)
+	if (!cfg || !portp || !*portp || !cfg->enabled)
 		return TC_ACT_OK;
-	__u32 port = *portp;
+	__u32 port = *portp - 1;
 	if (port >= MAX_PORTS)
 		return TC_ACT_OK;
 	struct portcfg *pc = bpf_map_lookup_elem(&ports, &port);
