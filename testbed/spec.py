@@ -6,6 +6,7 @@ The experiment spec and the switch profiles join this module with the issues tha
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,3 +195,220 @@ def load_profile(name_or_path: str) -> TrimProfile:
         return validated(TrimProfile, data)
     except SpecError as exc:
         raise SpecError(f"profile {path.stem}: {exc}") from None
+
+
+# -- experiment specs ----------------------------------------------------------------------
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VirtualRackSpec(_Strict):
+    workers: int = Field(4, ge=1, le=32)
+    traffic_hosts: int = Field(1, ge=0, le=2)
+    rate: str = Field("1gbit", pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
+    mtu: int = Field(1500, ge=1280, le=9000)
+    buffer_bytes: int = Field(65536, ge=0, description="byte budget of each switch queue")
+
+
+class RackSpec(_Strict):
+    virtual: VirtualRackSpec | None = Field(default_factory=VirtualRackSpec)
+    inventory: str | None = Field(None, description="a lab inventory instead of the virtual rack")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.inventory:
+            self.virtual = None
+        return self
+
+
+class WorkloadSpec(_Strict):
+    kind: Literal["digits", "synthetic", "custom"] = "digits"
+    model: Literal["mlp", "cnn"] = "mlp"
+    steps: int = Field(100, ge=1, le=1_000_000)
+    batch: int = Field(64, ge=1, le=65536)
+    lr: float = Field(0.1, gt=0, le=10)
+    factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
+    dataset: str | None = Field(None, description="custom: path to a local dataset")
+
+    @model_validator(mode="after")
+    def _custom(self):
+        if self.kind == "custom" and not (self.factory and self.dataset):
+            raise SpecError("workload.kind=custom needs workload.factory (module:function) and "
+                            "workload.dataset (a local path)")
+        if self.kind != "custom" and (self.factory or self.dataset):
+            raise SpecError("workload.factory and workload.dataset only apply to workload.kind=custom")
+        if self.factory and ":" not in self.factory:
+            raise SpecError(f"workload.factory={self.factory!r}: use 'package.module:function'")
+        return self
+
+
+class CodecSpec(_Strict):
+    name: CodecName = "embedded"
+    params: dict[str, Any] = Field(default_factory=dict)
+    span: int = Field(4096, ge=32, le=1 << 20)
+    coords: int | None = Field(None, description="coordinates per packet (default: fill the MTU)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        from testbed.codec import get_codec
+        from testbed.errors import CodecError
+
+        if self.span & (self.span - 1):
+            raise SpecError(f"codec.span={self.span}: must be a power of two (32..1048576)")
+        if self.coords is not None and (self.coords <= 0 or self.coords % 32):
+            raise SpecError(f"codec.coords={self.coords}: must be a positive multiple of 32")
+        try:
+            get_codec(self.name, **self.params)
+        except CodecError as exc:
+            raise SpecError(f"codec.params: {exc}") from None
+        return self
+
+
+class TransportSpec(_Strict):
+    dscp: int = Field(10, ge=0, le=63, description="DSCP of gradient packets (trimmable)")
+    control_dscp: int = Field(46, ge=0, le=63, description="DSCP of parameters (not trimmable)")
+    deadline_ms: float = Field(200.0, gt=0, le=60_000)
+    pacing: str | None = Field(None, pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
+    port: int = Field(47000, ge=1024, le=65535)
+    ipv6: bool = False
+
+    @model_validator(mode="after")
+    def _classes(self):
+        if self.dscp == self.control_dscp:
+            raise SpecError(f"transport.control_dscp={self.control_dscp}: must differ from "
+                            "transport.dscp, or parameters would be trimmed too")
+        return self
+
+
+class BackgroundFlow(_Strict):
+    rate: str = Field(pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
+    dscp: int = Field(0, ge=0, le=63)
+    protocol: Literal["udp", "tcp"] = "udp"
+    pattern: Literal["constant", "on_off"] = "constant"
+    on_ms: float = Field(100.0, gt=0)
+    off_ms: float = Field(100.0, ge=0)
+
+
+class CongestionSpec(_Strict):
+    incast: bool = True
+    background: list[BackgroundFlow] = Field(default_factory=list)
+    inject_probability: float = Field(0.0, ge=0.0, le=1.0)
+    inject_action: Literal["trim", "drop"] = "trim"
+
+
+class CaptureSpec(_Strict):
+    points: list[Literal["workers", "ps", "switch"]] = Field(default_factory=lambda: ["workers", "ps"])
+    sender_snaplen: int = Field(128, ge=64, le=65535)
+
+
+class TruthSpec(_Strict):
+    every: int = Field(10, ge=1, description="save the exact gradient every N steps")
+
+
+SWEEPABLE = ("seed", "profile", "codec.name", "codec.params", "workload.lr", "workload.batch",
+             "transport.dscp", "transport.pacing", "congestion.incast", "congestion.inject_probability",
+             "congestion.inject_action", "rack.virtual.rate", "rack.virtual.buffer_bytes")
+
+
+class ExperimentSpec(_Strict):
+    """One experiment: everything a run needs, validated before the rack is touched."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    seed: int = Field(0, ge=0, lt=1 << 32)
+    job: int = Field(1, ge=0, lt=1 << 16)
+    rack: RackSpec = Field(default_factory=RackSpec)
+    profile: str = "default"
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    codec: CodecSpec = Field(default_factory=CodecSpec)
+    transport: TransportSpec = Field(default_factory=TransportSpec)
+    congestion: CongestionSpec = Field(default_factory=CongestionSpec)
+    capture: CaptureSpec = Field(default_factory=CaptureSpec)
+    truth: TruthSpec = Field(default_factory=TruthSpec)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self):
+        for key, values in self.sweep.items():
+            if key not in SWEEPABLE:
+                raise SpecError(f"sweep.{key}: cannot be swept; sweepable keys: {', '.join(SWEEPABLE)}")
+            if not values:
+                raise SpecError(f"sweep.{key}: give at least one value")
+        load_profile(self.profile)  # a profile that does not exist is an error now, not later
+        return self
+
+    def points(self) -> list["ExperimentSpec"]:
+        """The sweep's cartesian product, one validated spec each (the spec itself if no sweep)."""
+        import itertools
+
+        if not self.sweep:
+            return [self]
+        base = self.model_dump(exclude={"sweep"})
+        out = []
+        keys = list(self.sweep)
+        for i, combo in enumerate(itertools.product(*(self.sweep[k] for k in keys))):
+            data = copy_deep(base)
+            for k, v in zip(keys, combo):
+                set_path(data, k, v)
+            label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in zip(keys, combo))
+            data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.name}-{i:03d}-{label}")[:64]
+            try:
+                out.append(validated(ExperimentSpec, data))
+            except SpecError as exc:
+                raise SpecError(f"sweep point {i} ({label}): {exc}") from None
+        return out
+
+
+def _label(v) -> str:
+    return "_".join(f"{k}{w}" for k, w in v.items()) if isinstance(v, dict) else str(v)
+
+
+def copy_deep(data):
+    import copy
+    return copy.deepcopy(data)
+
+
+def set_path(data: dict, path: str, value) -> None:
+    """data['a']['b'] = value for path 'a.b'; a missing level is an error naming the path."""
+    keys = path.split(".")
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        if not isinstance(node.get(k), dict):
+            if node.get(k) is None and k in node:
+                node[k] = {}
+            else:
+                raise SpecError(f"{'.'.join(keys[:i + 1])}: no such section")
+        node = node[k]
+    node[keys[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """--set key.path=value; the value is read as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise SpecError(f"--set {item!r}: use key.path=value, e.g. --set workload.steps=50")
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return key.strip(), raw
+
+
+def load_experiment(path: str, overrides: list[str] = ()) -> ExperimentSpec:
+    """Read a YAML spec, apply --set overrides, validate (SpecError names the key path)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a spec is a YAML mapping (name: ..., workload: ..., ...)")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_path(data, key, value)
+    return validated(ExperimentSpec, data)

@@ -1,0 +1,110 @@
+"""Experiment specs: every shipped spec validates; every malformed one is one clear error
+naming the key path and what is allowed, with no side effect."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.errors import SpecError
+from testbed.spec import ExperimentSpec, load_experiment, validated
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spec(**kw):
+    return validated(ExperimentSpec, {"name": "t", **kw})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_validate(path):
+    s = load_experiment(str(path))
+    assert s.points()
+
+
+def test_defaults_and_sweep_points():
+    s = load_experiment(str(ROOT / "experiments/incast.yaml"))
+    names = [p.codec.name for p in s.points()]
+    assert names == ["embedded", "sign_tail", "fp32"]
+    assert len({p.name for p in s.points()}) == 3
+    assert s.points()[0].congestion.background[0].rate == "300mbit"
+
+
+def test_set_overrides_apply_before_validation(tmp_path):
+    s = load_experiment(str(ROOT / "experiments/default.yaml"),
+                        ["workload.steps=7", "codec.params={planes: 8}", "congestion.inject_probability=0.25"])
+    assert (s.workload.steps, s.codec.params, s.congestion.inject_probability) == (7, {"planes": 8}, 0.25)
+    with pytest.raises(SpecError, match="workload.steps: Input should be greater than or equal to 1"):
+        load_experiment(str(ROOT / "experiments/default.yaml"), ["workload.steps=0"])
+    with pytest.raises(SpecError, match=r"--set 'steps': use key.path=value"):
+        load_experiment(str(ROOT / "experiments/default.yaml"), ["steps"])
+
+
+MALFORMED = [
+    ({"name": "bad name!"}, "name: String should match pattern"),
+    ({"colour": "red"}, "colour: Extra inputs are not permitted"),
+    ({"seed": -1}, "seed: Input should be greater than or equal to 0"),
+    ({"seed": 2 ** 32}, "seed: Input should be less than 4294967296"),
+    ({"job": 70000}, "job: Input should be less than 65536"),
+    ({"rack": {"virtual": {"workers": 0}}}, "rack.virtual.workers: Input should be greater than or equal to 1"),
+    ({"rack": {"virtual": {"workers": 33}}}, "rack.virtual.workers: Input should be less than or equal to 32"),
+    ({"rack": {"virtual": {"rate": "fast"}}}, "rack.virtual.rate: String should match pattern"),
+    ({"rack": {"virtual": {"mtu": 100}}}, "rack.virtual.mtu: Input should be greater than or equal to 1280"),
+    ({"rack": {"virtual": {"traffic_hosts": 5}}}, "rack.virtual.traffic_hosts: Input should be less than or equal to 2"),
+    ({"rack": {"cloud": True}}, "rack.cloud: Extra inputs are not permitted"),
+    ({"profile": "nope"}, "profile 'nope' not found; profiles: asymmetric, cumulus-default, default, sonic-default"),
+    ({"workload": {"kind": "imagenet"}}, "workload.kind: must be one of 'digits', 'synthetic' or 'custom'"),
+    ({"workload": {"model": "transformer"}}, "workload.model: must be one of 'mlp' or 'cnn'"),
+    ({"workload": {"steps": 0}}, "workload.steps: Input should be greater than or equal to 1"),
+    ({"workload": {"batch": "lots"}}, "workload.batch: Input should be a valid integer"),
+    ({"workload": {"lr": 0}}, "workload.lr: Input should be greater than 0"),
+    ({"workload": {"kind": "custom"}}, "workload.kind=custom needs workload.factory"),
+    ({"workload": {"factory": "m:f", "dataset": "/d"}}, "only apply to workload.kind=custom"),
+    ({"workload": {"kind": "custom", "factory": "nocolon", "dataset": "/d"}}, "workload.factory='nocolon': use 'package.module:function'"),
+    ({"codec": {"name": "zip"}}, "codec.name: must be one of 'embedded', 'sign_tail', 'fp32' or 'bf16'"),
+    ({"codec": {"params": {"planes": 40}}}, "codec.params: embedded: planes=40: must be 1..16"),
+    ({"codec": {"params": {"bits": 3}}}, "codec.params: codec 'embedded': .* its parameters are: planes, unbiased"),
+    ({"codec": {"span": 1000}}, "codec.span=1000: must be a power of two"),
+    ({"codec": {"span": 16}}, "codec.span: Input should be greater than or equal to 32"),
+    ({"codec": {"coords": 100}}, "codec.coords=100: must be a positive multiple of 32"),
+    ({"transport": {"dscp": 64}}, "transport.dscp: Input should be less than or equal to 63"),
+    ({"transport": {"dscp": 46}}, "transport.control_dscp=46: must differ from transport.dscp"),
+    ({"transport": {"deadline_ms": 0}}, "transport.deadline_ms: Input should be greater than 0"),
+    ({"transport": {"port": 80}}, "transport.port: Input should be greater than or equal to 1024"),
+    ({"transport": {"pacing": "soon"}}, "transport.pacing: String should match pattern"),
+    ({"congestion": {"inject_probability": 1.5}}, "congestion.inject_probability: Input should be less than or equal to 1"),
+    ({"congestion": {"inject_action": "mirror"}}, "congestion.inject_action: must be one of 'trim' or 'drop'"),
+    ({"congestion": {"background": [{"dscp": 3}]}}, "congestion.background.0.rate: Field required"),
+    ({"congestion": {"background": [{"rate": "1gbit", "protocol": "sctp"}]}}, "congestion.background.0.protocol: must be one of 'udp' or 'tcp'"),
+    ({"capture": {"points": ["router"]}}, "capture.points.0: must be one of 'workers', 'ps' or 'switch'"),
+    ({"capture": {"sender_snaplen": 10}}, "capture.sender_snaplen: Input should be greater than or equal to 64"),
+    ({"truth": {"every": 0}}, "truth.every: Input should be greater than or equal to 1"),
+    ({"sweep": {"workload.steps": [1, 2]}}, "sweep.workload.steps: cannot be swept; sweepable keys: seed, profile"),
+    ({"sweep": {"codec.name": []}}, "sweep.codec.name: give at least one value"),
+    ({"sweep": {"codec.name": ["embedded", "zip"]}}, r"sweep point 1 \(name_zip\): codec.name: must be one of"),
+]
+
+
+@pytest.mark.parametrize("data,msg", MALFORMED, ids=[m[1][:40] for m in MALFORMED])
+def test_malformed_specs_name_the_key_and_what_is_allowed(data, msg, tmp_path):
+    assert len(MALFORMED) >= 30
+    with pytest.raises(SpecError, match=msg) as err:
+        s = spec(**data)
+        s.points()
+    assert "\n" not in str(err.value)  # one line
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", **data}))
+    with pytest.raises(SpecError):
+        load_experiment(str(path)).points()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # nothing else was written
+
+
+def test_unreadable_specs(tmp_path):
+    with pytest.raises(SpecError, match="no such spec file"):
+        load_experiment(str(tmp_path / "missing.yaml"))
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(SpecError, match="a spec is a YAML mapping"):
+        load_experiment(str(tmp_path / "list.yaml"))
+    (tmp_path / "broken.yaml").write_text("name: [\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_experiment(str(tmp_path / "broken.yaml"))
