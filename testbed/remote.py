@@ -227,7 +227,9 @@ class Session:
         into `log`. `stop()` (or closing the session) signals the whole group."""
         argv = [str(a) for a in argv]
         # setsid: the command leads a new process group, whose id the shell prints first.
-        launcher = ["setsid", "sh", "-c", 'echo "trimlab-pgid $$"; exec "$@"', "sh",
+        # --wait: setsid forks when sshd's shell already leads a group; waiting keeps the
+        # channel open until the command ends, and passes its exit status back.
+        launcher = ["setsid", "--wait", "sh", "-c", 'echo "trimlab-pgid $$"; exec "$@"', "sh",
                     *_env_prefix(env), *argv]
         chan = self._channel(quote(launcher))
         f = open(log, "a") if log else None
