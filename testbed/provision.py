@@ -46,6 +46,19 @@ class Outcome:
         return sum(h.changed for h in self.hosts.values())
 
 
+def build_agent_wheel(out_dir: Path) -> Path:
+    """This trimlab as a wheel, for the trimlab_agent role to install on real hosts."""
+    import subprocess
+
+    project = PLAYBOOK_DIR.parent
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir),
+                          str(project)], capture_output=True, text=True)
+    wheels = sorted(out_dir.glob("trimlab-*.whl"))
+    if out.returncode or not wheels:
+        raise ProvisionError(f"building the trimlab wheel for the hosts failed: {out.stderr.strip()[-300:]}")
+    return wheels[-1]
+
+
 def render_profiles(rack, profile_name: str, out_dir: Path) -> dict[str, str]:
     """Render the profile for every switch into out_dir; every target's limits are checked
     here, before Ansible touches anything. Returns switch -> target."""
@@ -134,6 +147,8 @@ def run(inventory: Path, profile: str = "default", check: bool = False, limit: s
         rendered = work / "rendered"
         rendered.mkdir()
         render_profiles(rack, profile, rendered)
+        if not rack.virtual:  # real hosts get this exact trimlab; virtual ones share our venv
+            extravars = {"trimlab_agent_wheel": str(build_agent_wheel(work)), **(extravars or {})}
         cmdline = " ".join(["--check" if check else "", "--diff"]).strip()
         # ansible-playbook lives next to this interpreter (the venv), maybe not on PATH.
         bindir = str(Path(sys.executable).parent)

@@ -68,3 +68,11 @@ def test_provision_refuses_a_bad_profile_before_touching_anything(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "profile default: field size=128: target cumulus allows 256..1024, a multiple of 4" in out.stderr
+
+
+def test_the_agent_wheel_for_real_hosts_builds(tmp_path):
+    from testbed.provision import build_agent_wheel
+    wheel = build_agent_wheel(tmp_path)
+    import zipfile
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "testbed/codec/embedded.py" in names and "agents/transport.py" in names
