@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from testbed.errors import SpecError
 
 ROLES = ("worker", "ps", "traffic")
@@ -51,13 +49,10 @@ def _walk(group: dict, name: str, inherited: dict, out: dict[str, dict[str, dict
 
 
 def load(path: str | Path) -> Rack:
+    from testbed.spec import read_yaml
+
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"inventory {path}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"inventory {path}: not valid YAML ({exc})") from None
+    doc = read_yaml(path, "inventory")
     if not isinstance(doc, dict) or "all" not in doc:
         raise SpecError(f"inventory {path}: expected a YAML inventory with a top-level 'all' group")
     groups: dict[str, dict[str, dict]] = {}

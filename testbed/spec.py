@@ -6,6 +6,7 @@ The experiment spec and the switch profiles join this module with the issues tha
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,18 @@ from testbed import wire
 from testbed.errors import SpecError
 
 CodecName = Literal["embedded", "sign_tail", "fp32", "bf16"]
+
+
+def read_yaml(path: str | Path, what: str):
+    """A YAML file's content; a missing or malformed file is one SpecError line."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{what} {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{what} {path}: not valid YAML ({' '.join(str(exc).split())})") from None
 
 
 def validated(model: type[BaseModel], data: dict[str, Any], where: str = ""):
@@ -179,18 +192,13 @@ class TrimProfile(BaseModel):
 
 def load_profile(name_or_path: str) -> TrimProfile:
     """A profile by name (switch_configs/profiles/NAME.yml) or path."""
-    import yaml
-
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILES_DIR / f"{name_or_path}.yml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yml")))
         raise SpecError(f"profile {name_or_path!r} not found; profiles: {known}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc})") from None
+    data = read_yaml(path, "profile") or {}
     try:
         return validated(TrimProfile, data)
     except SpecError as exc:
@@ -347,7 +355,7 @@ class ExperimentSpec(_Strict):
         out = []
         keys = list(self.sweep)
         for i, combo in enumerate(itertools.product(*(self.sweep[k] for k in keys))):
-            data = copy_deep(base)
+            data = copy.deepcopy(base)
             for k, v in zip(keys, combo):
                 set_path(data, k, v)
             label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in zip(keys, combo))
@@ -361,11 +369,6 @@ class ExperimentSpec(_Strict):
 
 def _label(v) -> str:
     return "_".join(f"{k}{w}" for k, w in v.items()) if isinstance(v, dict) else str(v)
-
-
-def copy_deep(data):
-    import copy
-    return copy.deepcopy(data)
 
 
 def set_path(data: dict, path: str, value) -> None:
@@ -397,15 +400,7 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 def load_experiment(path: str, overrides: list[str] = ()) -> ExperimentSpec:
     """Read a YAML spec, apply --set overrides, validate (SpecError names the key path)."""
-    import yaml
-
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such spec file") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc})") from None
+    data = read_yaml(path, "spec")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a spec is a YAML mapping (name: ..., workload: ..., ...)")
     for item in overrides:

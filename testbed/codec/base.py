@@ -124,17 +124,12 @@ class Layout:
                 self.blocks.append(Block(g, 0, n_full, coords))
             if tail:
                 self.blocks.append(Block(g, n_full, 1, tail))
-        self.num_spans = full + (rest > 0)
 
     def block_view(self, spans: torch.Tensor, b: Block) -> torch.Tensor:
         """The (spans, packets, coordinates) view of block `b` inside its group's
         (count, size) span matrix: a packet is one row of it."""
         start = b.first_index * self.coords
         return spans[:, start:start + b.per_span * b.coords].view(b.group.count, b.per_span, b.coords)
-
-    @property
-    def num_packets(self) -> int:
-        return sum(b.group.count * b.per_span for b in self.blocks)
 
     def packets_in_span(self, group: SpanGroup) -> int:
         return -(-group.size // self.coords)

@@ -46,6 +46,7 @@ class SwitchTarget:
     name: ClassVar[str]
     port_pattern: ClassVar[str]
     default_ports: ClassVar[tuple[Port, ...]]
+    supports_injection: ClassVar[bool] = False  # deterministic injection: the virtual switch only
 
     def _env(self) -> jinja2.Environment:
         return jinja2.Environment(loader=jinja2.FileSystemLoader([TEMPLATES / self.name, TEMPLATES]),
@@ -69,6 +70,9 @@ class SwitchTarget:
                                 f"{self.default_ports[0].name}")
             if p.facing not in ("host", "network"):
                 raise SpecError(f"port {p.name}: facing={p.facing!r}; use host or network")
+        if profile.injection.probability and not self.supports_injection:
+            raise self.fail("injection.probability", profile.injection.probability,
+                            "0 only: deterministic injection is a virtual-switch feature")
         if profile.dscp == "from-tc":
             missing = {p.facing for p in ports} - set(profile.port_dscp)
             if missing:

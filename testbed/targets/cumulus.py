@@ -25,9 +25,6 @@ class Cumulus(SwitchTarget):
         if profile.exempt_sources:
             raise self.fail("exempt_sources", profile.exempt_sources,
                             "none: Cumulus has no DISABLE_TRIM ACL action")
-        if profile.injection.probability:
-            raise self.fail("injection.probability", profile.injection.probability,
-                            "0 only: deterministic injection is a virtual-switch feature")
         if profile.dscp_to_tc is not None:
             raise self.fail("dscp_to_tc", "...", "none: set Cumulus QoS mappings with nv set qos mapping")
 

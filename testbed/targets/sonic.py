@@ -20,9 +20,6 @@ class Sonic(SwitchTarget):
             raise self.fail("size", profile.size, "1..9216 bytes")
         if isinstance(profile.queue, int) and not 0 <= profile.queue <= 255:
             raise self.fail("queue", profile.queue, "a queue index 0..255 (uint8) or dynamic")
-        if profile.injection.probability:
-            raise self.fail("injection.probability", profile.injection.probability,
-                            "0 only: deterministic injection is a virtual-switch feature")
 
     def context(self, profile, ports: list[Port]) -> dict:
         exempt = [{"name": f"EXEMPT_{i}", "priority": 9999 - i,

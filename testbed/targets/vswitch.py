@@ -12,6 +12,7 @@ from testbed.vrack.vswitch import MIN_TRIM_SIZE
 
 class VSwitchTarget(Sonic):
     name = "vswitch"
+    supports_injection = True
     default_ports = (Port("Ethernet0"), Port("Ethernet4"), Port("Ethernet8"))
     mtu = 9000
 

@@ -100,7 +100,7 @@ def test_malformed_specs_name_the_key_and_what_is_allowed(data, msg, tmp_path):
 
 
 def test_unreadable_specs(tmp_path):
-    with pytest.raises(SpecError, match="no such spec file"):
+    with pytest.raises(SpecError, match="missing.yaml: no such file"):
         load_experiment(str(tmp_path / "missing.yaml"))
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(SpecError, match="a spec is a YAML mapping"):
