@@ -1,0 +1,124 @@
+"""The run directory: `runs/<UTC time>-<name>/` with manifest.json, written as the run goes
+so a failed or interrupted run keeps what it collected and says why.
+
+    with RunDir.create(Path("runs"), spec) as run:   # status: running
+        run.record(inventory=..., hosts={...})
+        ...                                          # artifacts into run.path / "logs" ...
+    # leaving the block: succeeded, or failed with the exception as the reason
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import __version__
+
+SUBDIRS = ("logs", "pcaps", "switch", "truth")
+
+
+def _git_revision() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip() + ("-dirty" if dirty else "")) if out.returncode == 0 else None
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"trimlab": __version__, "python": platform.python_version(), "kernel": platform.release()}
+    for dist in ("torch", "numpy", "scapy", "ansible-core", "paramiko"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+@dataclass
+class RunDir:
+    path: Path
+    manifest: dict
+
+    @classmethod
+    def create(cls, runs: Path, spec, now: dt.datetime | None = None) -> "RunDir":
+        """A new, unique run directory for `spec` (an ExperimentSpec), status running."""
+        now = now or dt.datetime.now(dt.timezone.utc)
+        stamp = now.strftime("%Y%m%dT%H%M%SZ")
+        path = runs / f"{stamp}-{spec.name}"
+        n = 1
+        while True:
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                n += 1
+                path = runs / f"{stamp}-{spec.name}-{n}"
+        for sub in SUBDIRS:
+            (path / sub).mkdir()
+        manifest = {
+            "name": spec.name,
+            "status": "running",
+            "reason": None,
+            "started": now.isoformat(),
+            "finished": None,
+            "spec": spec.model_dump(mode="json"),
+            "seeds": {"seed": spec.seed, "job": spec.job},
+            "versions": versions(),
+            "git_revision": _git_revision(),
+            "command": sys.argv,
+            "pid": os.getpid(),
+        }
+        run = cls(path, manifest)
+        run.save()
+        return run
+
+    def save(self) -> None:
+        tmp = self.path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(self.path / "manifest.json")  # readers never see half a manifest
+
+    def record(self, **fields) -> None:
+        """Add to the manifest (inventory, host facts, counters...) and write it now."""
+        self.manifest.update(fields)
+        self.save()
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        if status not in ("succeeded", "failed"):
+            raise ValueError(f"status {status!r}")
+        self.manifest.update(status=status, reason=reason,
+                             finished=dt.datetime.now(dt.timezone.utc).isoformat())
+        self.save()
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None:
+            self.finish("succeeded")
+        elif isinstance(exc, KeyboardInterrupt):
+            self.finish("failed", "interrupted (Ctrl-C)")
+        else:
+            self.finish("failed", f"{type(exc).__name__}: {exc}")
+        return False  # never swallow the exception
+
+
+def sigterm_as_interrupt() -> None:
+    """Make SIGTERM end a run the way Ctrl-C does (the manifest then says so)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,72 @@
+import datetime as dt
+import json
+import subprocess
+import sys
+
+import pytest
+
+from testbed.rundir import RunDir
+from testbed.spec import ExperimentSpec, validated
+
+
+def spec(**kw):
+    return validated(ExperimentSpec, {"name": "demo", "seed": 5, **kw})
+
+
+def manifest(run):
+    return json.loads((run.path / "manifest.json").read_text())
+
+
+def test_a_run_is_running_then_succeeded(tmp_path):
+    with RunDir.create(tmp_path, spec()) as run:
+        m = manifest(run)
+        assert m["status"] == "running" and m["reason"] is None and m["finished"] is None
+        assert m["spec"]["name"] == "demo" and m["seeds"] == {"seed": 5, "job": 1}
+        assert m["versions"]["torch"].startswith("2.") and "trimlab" in m["versions"]
+        assert {p.name for p in run.path.iterdir()} >= {"logs", "pcaps", "switch", "truth", "manifest.json"}
+        run.record(inventory={"hosts": ["w1"]})
+        assert manifest(run)["inventory"] == {"hosts": ["w1"]}
+    m = manifest(run)
+    assert m["status"] == "succeeded" and m["finished"]
+    assert run.path.name.endswith("-demo") and run.path.name[:8].isdigit()
+
+
+def test_a_failed_run_keeps_what_it_collected_and_says_why(tmp_path):
+    with pytest.raises(RuntimeError):
+        with RunDir.create(tmp_path, spec()) as run:
+            (run.path / "logs" / "w1.log").write_text("step 1\n")
+            raise RuntimeError("worker w2 exited 1")
+    m = manifest(run)
+    assert m["status"] == "failed" and m["reason"] == "RuntimeError: worker w2 exited 1"
+    assert (run.path / "logs" / "w1.log").read_text() == "step 1\n"
+
+
+def test_interrupt_is_recorded(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with RunDir.create(tmp_path, spec()) as run:
+            raise KeyboardInterrupt
+    assert manifest(run)["reason"] == "interrupted (Ctrl-C)"
+
+
+def test_sigterm_ends_a_run_as_interrupted(tmp_path):
+    code = f"""
+import os, signal, time
+from testbed.rundir import RunDir, sigterm_as_interrupt
+from testbed.spec import ExperimentSpec, validated
+sigterm_as_interrupt()
+with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    (run,) = list(tmp_path.iterdir())
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["reason"] == "interrupted (Ctrl-C)"
+
+
+def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):
+    now = dt.datetime(2026, 12, 2, 18, 0, 0, tzinfo=dt.timezone.utc)
+    a = RunDir.create(tmp_path, spec(), now=now)
+    b = RunDir.create(tmp_path, spec(), now=now)
+    assert a.path != b.path and b.path.name == "20261202T180000Z-demo-2"
