@@ -33,6 +33,15 @@ def tos_byte(dscp: int, ecn: int = 0) -> int:
     return (dscp << 2) | ecn
 
 
+def set_tos(sock: socket.socket, dscp: int, ecn: int = 0) -> None:
+    """Mark everything `sock` sends with this DSCP (and ECN codepoint)."""
+    tos = tos_byte(dscp, ecn)
+    if sock.family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+    else:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+
+
 def _set_buffers(s: socket.socket, opt: int, size: int) -> int:
     """Ask for `size` bytes; the kernel caps it at net.core.[rw]mem_max. Returns what it gave."""
     s.setsockopt(socket.SOL_SOCKET, opt, size)
@@ -44,14 +53,12 @@ class Sender:
     (a token bucket over UDP payload bytes, so bursts never exceed one packet)."""
 
     def __init__(self, dst: str, port: int = DEFAULT_PORT, dscp: int = 0, ecn: int = 0,
-                 rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES):
+                 rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES, bind: str | None = None):
         self.dst = (dst, port)
         self.sock = socket.socket(family(dst), socket.SOCK_DGRAM)
-        tos = tos_byte(dscp, ecn)
-        if family(dst) == socket.AF_INET6:
-            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
-        else:
-            self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        if bind:  # send from this address: receivers accept only known sources
+            self.sock.bind((bind, 0))
+        set_tos(self.sock, dscp, ecn)
         self.sndbuf = _set_buffers(self.sock, socket.SO_SNDBUF, sndbuf)
         self.rate_bps = rate_bps
         self._next = time.perf_counter()
@@ -89,10 +96,14 @@ class Datagram:
 
 
 class Receiver:
-    """A bound UDP socket that hands back batches of datagrams with their seen TOS."""
+    """A bound UDP socket that hands back batches of datagrams with their seen TOS; with
+    `dscp`, replies sent from it (`sendto`) carry that DSCP."""
 
-    def __init__(self, bind: str = "0.0.0.0", port: int = DEFAULT_PORT, rcvbuf: int = BUFFER_BYTES):
+    def __init__(self, bind: str = "0.0.0.0", port: int = DEFAULT_PORT, rcvbuf: int = BUFFER_BYTES,
+                 dscp: int | None = None):
         self.sock = socket.socket(family(bind), socket.SOCK_DGRAM)
+        if dscp is not None:
+            set_tos(self.sock, dscp)
         self.v6 = family(bind) == socket.AF_INET6
         if self.v6:
             self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
@@ -123,6 +134,12 @@ class Receiver:
                 break
             out.append(Datagram(data, src, self._tos(anc), time.time_ns()))
         return out
+
+    def sendto(self, payload: bytes, addr: tuple) -> None:
+        try:
+            self.sock.sendto(payload, addr)
+        except BlockingIOError:  # the socket buffer is full: as good as a loss on the wire
+            pass
 
     def close(self) -> None:
         self.sock.close()

@@ -236,6 +236,8 @@ class WorkloadSpec(_Strict):
     steps: int = Field(100, ge=1, le=1_000_000)
     batch: int = Field(64, ge=1, le=65536)
     lr: float = Field(0.1, gt=0, le=10)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
     factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
     dataset: str | None = Field(None, description="custom: path to a local dataset")
 
@@ -325,6 +327,8 @@ class ExperimentSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(0, ge=0, lt=1 << 32)
     job: int = Field(1, ge=0, lt=1 << 16)
+    topology: Literal["ps", "sharded"] = Field("ps", description="ps: N workers → 1 ps (incast); "
+                                               "sharded: each worker owns 1/N of the gradient")
     rack: RackSpec = Field(default_factory=RackSpec)
     profile: str = "default"
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
@@ -342,7 +346,18 @@ class ExperimentSpec(_Strict):
                 raise SpecError(f"sweep.{key}: cannot be swept; sweepable keys: {', '.join(SWEEPABLE)}")
             if not values:
                 raise SpecError(f"sweep.{key}: give at least one value")
-        load_profile(self.profile)  # a profile that does not exist is an error now, not later
+        profile = load_profile(self.profile)  # a missing profile is an error now, not later
+        t = self.transport
+        if profile.tc_of(t.dscp) not in profile.eligible_queues:
+            raise SpecError(f"transport.dscp={t.dscp}: maps to queue {profile.tc_of(t.dscp)}, which "
+                            f"profile {profile.name} does not trim (eligible_queues "
+                            f"{profile.eligible_queues}); pick a DSCP of those queues")
+        if profile.tc_of(t.control_dscp) in profile.eligible_queues:
+            raise SpecError(f"transport.control_dscp={t.control_dscp}: maps to trimmable queue "
+                            f"{profile.tc_of(t.control_dscp)} of profile {profile.name}; parameters "
+                            "must travel on a queue that is not trimmed")
+        if self.topology == "sharded" and self.rack.virtual and self.rack.virtual.workers < 2:
+            raise SpecError("topology=sharded: needs rack.virtual.workers >= 2")
         return self
 
     def points(self) -> list["ExperimentSpec"]:

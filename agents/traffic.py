@@ -1,0 +1,143 @@
+"""Background traffic: a UDP or TCP flow at a rate, with a DSCP, constant or on/off, and
+the sink that receives it. Every on/off transition is printed as a JSON line (the report
+marks the flows on the time axis); a summary line is printed when the flow stops.
+
+    python -m agents.traffic sink --bind 198.19.0.14 --port 48000 --protocol udp
+    python -m agents.traffic send --dst 198.19.0.14 --port 48000 --rate 300mbit --dscp 10 \\
+        --pattern on_off --on-ms 50 --off-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import socket
+import sys
+import time
+
+from agents.transport import BUFFER_BYTES, Sender, family, set_tos
+
+
+def parse_rate(rate: str) -> float:
+    from testbed.vrack.rack import parse_rate as parse
+
+    return float(parse(rate))
+
+
+def _event(**fields) -> None:
+    print(json.dumps({"t": time.time(), **fields}), flush=True)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(*_):
+    raise _Stop
+
+
+def send(a) -> dict:
+    rate = parse_rate(a.rate)
+    payload = b"\0" * a.size
+    sent = 0
+    if a.protocol == "udp":
+        tx = Sender(a.dst, a.port, a.dscp, rate_bps=rate)
+
+        def emit() -> int:  # the Sender paces
+            tx.send(payload)
+            return len(payload)
+    else:
+        sock = socket.socket(family(a.dst), socket.SOCK_STREAM)
+        set_tos(sock, a.dscp)
+        sock.connect((a.dst, a.port))
+        state = {"next": time.perf_counter()}
+
+        def emit() -> int:  # pace the application writes; TCP does the rest
+            now = time.perf_counter()
+            if state["next"] > now:
+                time.sleep(state["next"] - now)
+            state["next"] = max(state["next"], now) + len(payload) * 8 / rate
+            sock.sendall(payload)
+            return len(payload)
+    end = time.monotonic() + a.duration if a.duration else float("inf")
+    on = True
+    phase_end = time.monotonic() + (a.on_ms / 1e3 if a.pattern == "on_off" else float("inf"))
+    _event(event="on", rate_bps=rate, dscp=a.dscp, protocol=a.protocol)
+    try:
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= phase_end:
+                on = not on
+                phase_end = now + (a.on_ms if on else a.off_ms) / 1e3
+                _event(event="on" if on else "off")
+            if on:
+                sent += emit()
+            else:
+                time.sleep(min(0.005, max(0.0, phase_end - now)))
+    except (_Stop, BrokenPipeError, ConnectionResetError):
+        pass
+    _event(event="off")
+    return {"event": "summary", "role": "send", "bytes": sent}
+
+
+def sink(a) -> dict:
+    got = 0
+    if a.protocol == "udp":
+        s = socket.socket(family(a.bind), socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
+        s.bind((a.bind, a.port))
+        conns = [s]
+    else:
+        s = socket.socket(family(a.bind), socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((a.bind, a.port))
+        s.listen(8)
+        conns = [s]
+    _event(event="listening", port=a.port, protocol=a.protocol)
+    try:
+        while True:
+            for c in select.select(conns, [], [], 0.5)[0]:
+                if a.protocol == "tcp" and c is s:
+                    conns.append(s.accept()[0])
+                    continue
+                data = c.recv(1 << 16)
+                if not data and a.protocol == "tcp":
+                    conns.remove(c)
+                    c.close()
+                got += len(data)
+    except _Stop:
+        pass
+    return {"event": "summary", "role": "sink", "bytes": got}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    ap = argparse.ArgumentParser(prog="python -m agents.traffic", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("send", help="send one background flow")
+    s.add_argument("--dst", required=True)
+    s.add_argument("--port", type=int, default=48000)
+    s.add_argument("--rate", required=True, help="e.g. 300mbit")
+    s.add_argument("--dscp", type=int, default=0)
+    s.add_argument("--protocol", choices=("udp", "tcp"), default="udp")
+    s.add_argument("--pattern", choices=("constant", "on_off"), default="constant")
+    s.add_argument("--on-ms", type=float, default=100.0)
+    s.add_argument("--off-ms", type=float, default=100.0)
+    s.add_argument("--size", type=int, default=1400, help="bytes per datagram / write")
+    s.add_argument("--duration", type=float, default=None, help="seconds (default: until signalled)")
+    k = sub.add_parser("sink", help="receive and discard flows")
+    k.add_argument("--bind", default="0.0.0.0")
+    k.add_argument("--port", type=int, default=48000)
+    k.add_argument("--protocol", choices=("udp", "tcp"), default="udp")
+    a = ap.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+    summary = send(a) if a.cmd == "send" else sink(a)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Training workloads that need no download, and the flat-parameter view the protocol uses.
+
+- digits: scikit-learn's handwritten digits (1797 8x8 images, shipped inside the package),
+  a seeded 80/20 split.
+- synthetic: a teacher–student task: a fixed random teacher MLP labels Gaussian inputs.
+- custom: `workload.factory` ('package.module:function' returning a torch module) and
+  `workload.dataset`, a local .pt (torch.save) or .npz file with x_train, y_train,
+  x_test, y_test (classification, integer labels).
+
+Models: `mlp` (one hidden layer) and `cnn` (two conv layers) on 1x8x8 inputs.
+Every rank draws its own batches deterministically from (seed, rank, step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from testbed.errors import SpecError
+
+IMAGE = (1, 8, 8)  # digits' shape; synthetic inputs use it too so both models fit both
+
+
+@dataclass
+class Workload:
+    model: nn.Module
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    def batch(self, seed: int, rank: int, world: int, step: int, size: int):
+        """This rank's batch of `step`: drawn from its 1/world shard of the training set."""
+        shard = torch.arange(rank, len(self.x_train), world)
+        g = torch.Generator().manual_seed(_mix(seed, rank, step))
+        idx = shard[torch.randint(len(shard), (size,), generator=g)]
+        return self.x_train[idx], self.y_train[idx]
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.model(x), y)
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """(test loss, test accuracy)."""
+        self.model.eval()
+        out = self.model(self.x_test)
+        self.model.train()
+        return (float(nn.functional.cross_entropy(out, self.y_test)),
+                float((out.argmax(1) == self.y_test).float().mean()))
+
+
+def _mix(*values: int) -> int:
+    h = hashlib.blake2b(repr(values).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def make_model(kind: str, in_shape=IMAGE, classes: int = 10) -> nn.Module:
+    if kind == "mlp":
+        n = 1
+        for d in in_shape:
+            n *= d
+        return nn.Sequential(nn.Flatten(), nn.Linear(n, 128), nn.ReLU(), nn.Linear(128, classes))
+    if kind == "cnn":
+        c, h, w = in_shape
+        return nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), classes))
+    raise SpecError(f"workload.model={kind!r}: use mlp or cnn")
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, seed: int, test_fraction: float = 0.2):
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_test = int(len(x) * test_fraction)
+    test, train = perm[:n_test], perm[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def _digits(seed: int):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, *IMAGE) / 16.0
+    return _split(x, torch.tensor(d.target, dtype=torch.int64), seed)
+
+
+def _synthetic(seed: int, n: int = 4096, classes: int = 10):
+    g = torch.Generator().manual_seed(_mix(seed, "teacher"))
+    x = torch.randn(n, *IMAGE, generator=g)
+    w1 = torch.randn(64, 64, generator=g) / 8
+    w2 = torch.randn(64, classes, generator=g) / 8
+    y = (torch.relu(x.reshape(n, -1) @ w1) @ w2).argmax(1)
+    return _split(x, y, seed)
+
+
+def _custom(factory: str, dataset: str):
+    mod_name, _, fn_name = factory.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(f"workload.factory={factory!r}: cannot import it ({exc})") from None
+    path = Path(dataset)
+    if not path.exists():
+        raise SpecError(f"workload.dataset={dataset!r}: no such file")
+    if path.suffix == ".npz":
+        import numpy as np
+
+        with np.load(path) as z:
+            data = {k: torch.from_numpy(z[k]) for k in z.files}
+    else:
+        data = torch.load(path, weights_only=True)
+    keys = ("x_train", "y_train", "x_test", "y_test")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise SpecError(f"workload.dataset={dataset!r}: missing {', '.join(missing)} "
+                        f"(a dataset holds {', '.join(keys)})")
+    xs = [data[k].float() if k.startswith("x") else data[k].long() for k in keys]
+    return fn(), xs
+
+
+def build(workload: dict, seed: int) -> Workload:
+    """The workload of a spec's `workload` section; the model initialised from `seed`."""
+    kind = workload.get("kind", "digits")
+    if kind == "custom":
+        model, (xtr, ytr, xte, yte) = _custom(workload["factory"], workload["dataset"])
+    else:
+        xtr, ytr, xte, yte = {"digits": _digits, "synthetic": _synthetic}[kind](seed)
+        torch.manual_seed(_mix(seed, "init"))
+        model = make_model(workload.get("model", "mlp"))
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"workload.factory: returned {type(model).__name__}, not a torch.nn.Module")
+    return Workload(model, xtr, ytr, xte, yte)
+
+
+# -- the flat parameter vector ---------------------------------------------------------------
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def set_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
+    i = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(flat[i:i + n].view_as(p))
+            i += n
+
+
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters()])
+
+
+def checksum(flat: torch.Tensor) -> str:
+    """Identity of a parameter vector, bit for bit."""
+    return hashlib.sha256(flat.detach().to(torch.float32).contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+class FlatSGD:
+    """SGD (with optional momentum) on a slice of the flat parameter vector: the ps or a
+    shard owner steps exactly the coordinates it owns."""
+
+    def __init__(self, lr: float, momentum: float = 0.0):
+        self.lr, self.momentum = lr, momentum
+        self.buf: torch.Tensor | None = None
+
+    def step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.momentum:
+            self.buf = grad.clone() if self.buf is None else self.buf.mul_(self.momentum).add_(grad)
+            grad = self.buf
+        params.sub_(grad, alpha=self.lr)
