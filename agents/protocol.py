@@ -78,8 +78,12 @@ class Broadcast:
         self.progress = dict.fromkeys(dests, now)
         self.sent_at = dict.fromkeys(dests, 0.0)
         self.retransmits = 0
-        for d in dests:
-            self._send(d)
+        # first transmission chunk-major: every destination completes at about the same time
+        for i, chunk in enumerate(self.chunks):
+            head = CTRL.pack(PARAMS, CTRL_VERSION, node.job, step, shard, i, len(self.chunks))
+            for d in dests:
+                node.ctrl.sendto(head + chunk, (d, node.ctrl_port))
+        self.sent_at = dict.fromkeys(dests, time.monotonic())
 
     def _send(self, dest: str) -> None:
         n = len(self.chunks)

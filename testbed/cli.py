@@ -277,12 +277,32 @@ def provision(inventory: str = typer.Option(None, "-i", "--inventory", help="Ans
         raise prov.ProvisionError(f"provisioning failed ({len(out.failures)} failure(s), ansible rc {out.rc})")
 
 
+@app.command("run")
+def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. experiments/default.yaml"),
+            inventory: str = typer.Option(None, "-i", "--inventory",
+                                          help="a lab inventory (default: bring up a virtual rack)"),
+            overrides: list[str] = typer.Option([], "--set", help="override a spec key: key.path=value"),
+            keep_rack: bool = typer.Option(False, "--keep-rack", help="leave the virtual rack up"),
+            runs: str = typer.Option("runs", help="directory for run directories")):
+    """Run an experiment (every point of its sweep): rack, provisioning, agents, artifacts."""
+    from pathlib import Path
+
+    from testbed import experiment
+
+    try:
+        experiment.run(spec, inventory, overrides, keep_rack, Path(runs), console=console)
+    except KeyboardInterrupt:
+        err_console.print("[red]interrupted:[/] agents stopped, rack taken down, run marked failed")
+        raise typer.Exit(1) from None
+
+
 @app.command()
-def demo():
-    """The default experiment. Until the run command lands, this runs the codec benchmark."""
-    err_console.print("[yellow]trimlab demo: the one-command experiment on the virtual rack is not "
-                      "built yet; running the codec benchmark (`trimlab bench codec --quick`) instead[/]")
-    bench_codec(as_json=False, quick=True)
+def demo(runs: str = typer.Option("runs", help="directory for run directories")):
+    """The default experiment (experiments/default.yaml) on a virtual rack."""
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parent.parent / "experiments" / "default.yaml"
+    run_cmd(str(spec), None, [], False, runs)
 
 
 def main() -> None:

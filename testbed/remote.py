@@ -269,6 +269,30 @@ class Session:
             sftp.get(remote, str(local), callback=progress)
 
 
+    def get_tree(self, remote: str, local: Path) -> list[Path]:
+        """Copy a remote directory tree (regular files only); returns the local files."""
+        import stat
+
+        got = []
+        with self.client.open_sftp() as sftp:
+            todo = [(remote, local)]
+            while todo:
+                rdir, ldir = todo.pop()
+                try:
+                    entries = sftp.listdir_attr(rdir)
+                except FileNotFoundError:
+                    continue
+                ldir.mkdir(parents=True, exist_ok=True)
+                for e in entries:
+                    rpath, lpath = f"{rdir}/{e.filename}", ldir / e.filename
+                    if stat.S_ISDIR(e.st_mode):
+                        todo.append((rpath, lpath))
+                    elif stat.S_ISREG(e.st_mode):
+                        sftp.get(rpath, str(lpath))
+                        got.append(lpath)
+        return got
+
+
 class _Null:
     def __enter__(self):
         return None

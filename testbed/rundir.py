@@ -108,7 +108,8 @@ class RunDir:
 
     def __exit__(self, kind, exc, tb) -> bool:
         if exc is None:
-            self.finish("succeeded")
+            if self.manifest["status"] == "running":  # not already finished with a reason
+                self.finish("succeeded")
         elif isinstance(exc, KeyboardInterrupt):
             self.finish("failed", "interrupted (Ctrl-C)")
         else:

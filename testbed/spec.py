@@ -316,7 +316,7 @@ class TruthSpec(_Strict):
     every: int = Field(10, ge=1, description="save the exact gradient every N steps")
 
 
-SWEEPABLE = ("seed", "profile", "codec.name", "codec.params", "workload.lr", "workload.batch",
+SWEEPABLE = ("seed", "topology", "profile", "codec.name", "codec.params", "workload.lr", "workload.batch",
              "transport.dscp", "transport.pacing", "congestion.incast", "congestion.inject_probability",
              "congestion.inject_action", "rack.virtual.rate", "rack.virtual.buffer_bytes")
 
