@@ -369,6 +369,7 @@ class Execution:
                 s = self.session(name)
                 got = s.get_tree(self.rdir(name), self.run.path / "agents" / name)
                 s.run(["rm", "-rf", self.rdir(name)], timeout=60)
+                s.run(["rmdir", "--ignore-fail-on-non-empty", self.remote_dir], timeout=60)
             except (TrimlabError, OSError, EOFError) as exc:
                 errors.append(f"{name}: {exc}")
                 continue
@@ -476,9 +477,10 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
         if lab is not None:
             place(lab, pt)
     sigterm_as_interrupt()
-    parent = runs_dir
-    if len(points) > 1:
-        parent = RunDir.create(runs_dir, spec).path  # the sweep's own directory and manifest
+    parent, sweep = runs_dir, None
+    if len(points) > 1:  # the sweep's own directory and manifest; one run directory per point
+        sweep = RunDir.create(runs_dir, spec)
+        parent = sweep.path
         (parent / "sweep.json").write_text(json.dumps([p.name for p in points], indent=2) + "\n")
     state, key, provisioned, dirs, failures = None, None, False, [], []
     try:
@@ -521,11 +523,19 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
                 if console is not None:
                     console.print(_summary(pt, results, run_dir.path))
             _report(run_dir.path, console)
+    except BaseException as exc:
+        if sweep is not None:
+            sweep.finish("failed", "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+                         else f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         if state is not None and not keep_rack:
             vrack.down(state)
         elif state is not None and console is not None:
             console.print(f"rack {state.id} kept up: `trimlab rack down --id {state.id}` when done")
+    if sweep is not None:
+        sweep.record(points=[str(d.relative_to(parent)) for d in dirs])
+        sweep.finish("failed" if failures else "succeeded", "; ".join(failures) or None)
     if failures:
         raise RunFailed("; ".join(failures) + f" (run directories under {parent})")
     return dirs

@@ -1,0 +1,146 @@
+"""`trimlab run` end to end on virtual racks: training through the eBPF switch with trims
+seen by the switch counters and by the ps log, identical parameters on every host, a
+killed worker failing the run with its artifacts kept, and nothing left behind."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.rack.conftest import require_root
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIMLAB = str(Path(sys.executable).with_name("trimlab"))
+
+SPEC = {
+    "name": "t2", "seed": 5, "topology": "ps",
+    "rack": {"virtual": {"workers": 2, "traffic_hosts": 0, "rate": "100mbit", "buffer_bytes": 4096}},
+    "workload": {"kind": "digits", "model": "mlp", "steps": 20, "batch": 32, "lr": 0.1, "momentum": 0.9},
+    "codec": {"name": "embedded", "params": {"planes": 16}, "coords": 480},
+    "transport": {"deadline_ms": 300},
+    "capture": {"points": ["workers", "ps"]},
+    "truth": {"every": 5},
+}
+
+
+def write_spec(tmp: Path, **changes) -> Path:
+    spec = json.loads(json.dumps(SPEC))
+    spec.update(changes)
+    path = tmp / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def trimlab_run(spec: Path, runs: Path, *extra: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([TRIMLAB, "run", str(spec), "--runs", str(runs), *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def assert_nothing_left(rack_id: str, run_name: str) -> None:
+    nss = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tl{rack_id}-" not in nss
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"tl{rack_id}-" not in links
+    assert not Path(f"/sys/fs/bpf/tl{rack_id}").exists()
+    assert not Path(f"/var/tmp/trimlab/{run_name}").exists()
+    from testbed.vrack.rack import racks_dir
+    assert not (racks_dir() / rack_id).exists()
+
+
+@pytest.fixture(autouse=True)
+def _root():
+    require_root()
+
+
+def ps_trims(run_dir: Path) -> int:
+    with open(run_dir / "agents" / next(p.name for p in (run_dir / "agents").iterdir()
+                                        if p.name.endswith("-ps1")) / "packets.csv") as f:
+        return sum(int(r["trimmed"]) for r in csv.DictReader(f) if r["status"] == "accepted")
+
+
+def test_sweep_over_topologies_trains_through_trims_with_identical_parameters(tmp_path):
+    spec = write_spec(tmp_path, sweep={"topology": ["ps", "sharded"]})
+    out = trimlab_run(spec, tmp_path / "runs")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep_dir = next((tmp_path / "runs").iterdir())
+    points = json.loads((sweep_dir / "sweep.json").read_text())
+    assert len(points) == 2
+    runs = {manifest(d)["spec"]["topology"]: d for d in sweep_dir.iterdir() if (d / "manifest.json").exists()
+            and d != sweep_dir and manifest(d)["name"] in points}
+    for topology, d in runs.items():
+        m = manifest(d)
+        assert m["status"] == "succeeded", m["reason"]
+        r = m["results"]
+        assert r["parameters_identical"] and len(r["workers"]) == 2
+        assert r["test_acc"] > 0.5  # 20 steps of digits
+        assert (d / "inventory.yml").exists() and (d / "agent.json").exists()
+        assert sorted(p.name for p in (d / "pcaps").iterdir())[:1]  # captures collected
+        assert any((d / "truth").iterdir())
+        assert_nothing_left(m["rack_id"], d.name)
+    ps = manifest(runs["ps"])["results"]
+    # the 2:1 incast into a 4 KiB queue trims; switch, ps log and ps summary agree
+    assert ps["switch"]["TRIM_PKTS"] > 0
+    assert ps["ps"]["trimmed"] == ps["switch"]["TRIM_TX_PKTS"] == ps_trims(runs["ps"])
+    pcaps = sorted(p.name for p in (runs["ps"] / "pcaps").iterdir())
+    assert any(n.startswith("tl") and "ps1" in n for n in pcaps)
+    assert (runs["ps"] / "switch" / "occupancy.csv").stat().st_size > 0
+
+
+def test_run_twice_in_a_row(tmp_path):
+    spec = write_spec(tmp_path, name="twice", workload={**SPEC["workload"], "steps": 5})
+    for _ in range(2):
+        out = trimlab_run(spec, tmp_path / "runs")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    dirs = sorted((tmp_path / "runs").iterdir())
+    assert len(dirs) == 2 and all(manifest(d)["status"] == "succeeded" for d in dirs)
+
+
+def test_killed_worker_fails_the_run_with_artifacts_kept(tmp_path):
+    spec = write_spec(tmp_path, name="kill", workload={**SPEC["workload"], "steps": 2000})
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([TRIMLAB, "run", str(spec), "--runs", str(runs)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        log = None
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # wait until w2 trains
+            logs = list(runs.glob("*/logs/*-w2-worker.log"))
+            if logs and '"step":5' in logs[0].read_text().replace(" ", ""):
+                log = logs[0]
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        assert log is not None, "the worker never reached step 5"
+        run_dir = log.parent.parent
+        rack_id = manifest(run_dir)["rack_id"]
+        pids = subprocess.run(["ip", "netns", "pids", f"tl{rack_id}-w2"], capture_output=True,
+                              text=True).stdout.split()
+        victims = [int(p) for p in pids if "agents.worker" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+        assert victims
+        killed_at = time.monotonic()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]
+    assert took < 60  # stopped, collected and taken down well within a minute
+    m = manifest(run_dir)
+    assert m["status"] == "failed" and "w2" in m["reason"], m["reason"]
+    assert (run_dir / "agents").exists() and any((run_dir / "pcaps").iterdir())
+    assert (run_dir / "logs" / log.name).exists()
+    assert_nothing_left(rack_id, run_dir.name)

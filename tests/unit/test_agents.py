@@ -1,0 +1,162 @@
+"""The agents as real processes on loopback addresses (127.0.0.x, no root): both topologies
+train to identical parameters on every host, the packet log has one row per datagram,
+and a flood of foreign and malformed packets only moves the discard counters."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agents import protocol as P
+from agents import workloads as W
+from testbed import wire
+from testbed.codec import get_codec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def config(topology: str, workers: int = 3, steps: int = 6, base: int = 20) -> dict:
+    return {
+        "name": "t", "job": 7, "seed": 3, "steps": steps, "mtu": 1500, "topology": topology,
+        "workload": {"kind": "synthetic", "model": "mlp", "batch": 32, "lr": 0.1, "momentum": 0.5},
+        "codec": {"name": "embedded", "params": {"planes": 8}, "span": 4096, "coords": 480},
+        "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 300, "pacing_bps": None,
+                      "port": 47100 + base, "ipv6": False},
+        "truth_every": 2, "eval_every": 3,
+        "ps": {"name": "ps1", "addr": f"127.0.{base}.100"} if topology == "ps" else None,
+        "workers": [{"name": f"w{i + 1}", "addr": f"127.0.{base}.{i + 1}"} for i in range(workers)],
+        "timeouts": {"startup_s": 60, "step_s": 30, "params_s": 30, "give_up_s": 10},
+        "max_missed_steps": 3,
+    }
+
+
+def launch(cfg: dict, tmp: Path) -> list[subprocess.Popen]:
+    path = tmp / "agent.json"
+    path.write_text(json.dumps(cfg))
+    procs = [subprocess.Popen([sys.executable, "-m", "agents.worker", "--config", str(path), "--rank", str(r),
+                               "--out", str(tmp / f"w{r + 1}")], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(len(cfg["workers"]))]
+    if cfg["ps"]:
+        procs.append(subprocess.Popen([sys.executable, "-m", "agents.ps", "--config", str(path),
+                                       "--out", str(tmp / "ps1")], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs) -> None:
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def finals(tmp: Path) -> dict:
+    return {d.name: json.loads((d / "final.json").read_text()) for d in tmp.iterdir()
+            if (d / "final.json").exists()}
+
+
+def test_ps_topology_identical_parameters_packet_log_and_flood(tmp_path):
+    cfg = config("ps")
+    procs = launch(cfg, tmp_path)
+    ps_addr = (cfg["ps"]["addr"], cfg["transport"]["port"])
+    stop = threading.Event()
+
+    def flood():  # foreign source, then a known source with garbage and with another job
+        foreign = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        foreign.bind(("127.0.20.99", 0))
+        known = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        known.bind((cfg["workers"][0]["addr"], 0))
+        other_job = wire.packetize(torch.ones(64), get_codec("embedded", planes=8), coords=64,
+                                   ids=wire.PacketIds(job=8))[0]
+        while not stop.is_set():
+            foreign.sendto(b"x" * 100, ps_addr)
+            known.sendto(b"\x00" * 10, ps_addr)
+            known.sendto(other_job, ps_addr)
+            time.sleep(0.002)
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        finish(procs)
+    finally:
+        stop.set()
+        t.join()
+    f = finals(tmp_path)
+    assert sorted(f) == ["ps1", "w1", "w2", "w3"]
+    assert len({v["checksum"] for v in f.values()}) == 1  # bit-identical everywhere
+    d = f["ps1"]["discarded"]
+    assert d["unknown_source"] > 0 and d["not_trimlab"] > 0 and d["other_job"] > 0
+    assert f["ps1"]["received"] == f["ps1"]["expected"] and f["ps1"]["missing"] == 0
+    rows = (tmp_path / "ps1" / "packets.csv").read_text().splitlines()
+    assert rows[0].split(",") == list(P.PACKET_LOG_FIELDS)
+    accepted = [r.split(",") for r in rows[1:] if r.endswith(",accepted")]
+    assert len(accepted) == f["ps1"]["received"]
+    assert {r[12] for r in accepted} == {"8"}  # untrimmed: every plane kept
+    steps = (tmp_path / "ps1" / "steps.csv").read_text().splitlines()
+    assert len(steps) == 1 + cfg["steps"]
+    truth = sorted(p.name for p in (tmp_path / "w2" / "truth").iterdir())
+    assert truth == ["step000000-rank1.npy", "step000002-rank1.npy", "step000004-rank1.npy"]
+
+
+def test_sharded_topology_identical_parameters(tmp_path):
+    cfg = config("sharded", base=21)
+    finish(launch(cfg, tmp_path))
+    f = finals(tmp_path)
+    assert sorted(f) == ["w1", "w2", "w3"]
+    assert len({v["checksum"] for v in f.values()}) == 1
+    layout = json.loads((tmp_path / "w1" / "layout.json").read_text())
+    assert [b for b in layout["buckets"].values()] == [list(b) for b in P.shard_bounds(layout["numel"], 3)]
+    for w in ("w1", "w2", "w3"):  # each owner logged the packets of its shard from the 2 others
+        rows = (tmp_path / w / "packets.csv").read_text().splitlines()[1:]
+        own = int(w[1:]) - 1
+        assert {int(r.split(",")[4]) for r in rows} == set(range(3)) - {own}
+
+
+def test_flat_sgd_and_parameter_round_trip():
+    wl = W.build({"kind": "digits", "model": "cnn"}, seed=1)
+    flat = W.flat_params(wl.model)
+    W.set_flat_params(wl.model, flat * 2)
+    assert torch.equal(W.flat_params(wl.model), flat * 2)
+    x, y = wl.batch(1, 0, 2, 0, 16)
+    assert x.shape == (16, 1, 8, 8) and torch.equal(x, wl.batch(1, 0, 2, 0, 16)[0])
+    p = torch.ones(4)
+    opt = W.FlatSGD(0.5, momentum=0.5)
+    opt.step(p, torch.ones(4))
+    opt.step(p, torch.ones(4))
+    assert torch.allclose(p, torch.full((4,), 1 - 0.5 - 0.75))
+
+
+def test_custom_workload_and_its_errors(tmp_path):
+    data = {"x_train": torch.randn(40, 4), "y_train": torch.randint(0, 3, (40,)),
+            "x_test": torch.randn(10, 4), "y_test": torch.randint(0, 3, (10,))}
+    torch.save(data, tmp_path / "d.pt")
+    wl = W.build({"kind": "custom", "factory": "tests.unit.test_agents:tiny", "dataset": str(tmp_path / "d.pt")}, 0)
+    assert wl.evaluate()[1] >= 0
+    with pytest.raises(W.SpecError, match="workload.factory='nope:f': cannot import it"):
+        W.build({"kind": "custom", "factory": "nope:f", "dataset": str(tmp_path / "d.pt")}, 0)
+    del data["y_test"]
+    torch.save(data, tmp_path / "e.pt")
+    with pytest.raises(W.SpecError, match="missing y_test"):
+        W.build({"kind": "custom", "factory": "tests.unit.test_agents:tiny", "dataset": str(tmp_path / "e.pt")}, 0)
+
+
+def tiny():
+    return torch.nn.Linear(4, 3)
+
+
+@pytest.mark.parametrize("agent", ["worker", "ps", "traffic", "capture", "transport"])
+def test_every_agent_has_help(agent):
+    out = subprocess.run([sys.executable, "-m", f"agents.{agent}", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "usage: python -m agents." in out.stdout
