@@ -2,6 +2,7 @@
 # Both call `make setup`, which is idempotent: it installs only what is missing.
 SHELL := /bin/bash
 PYTHON ?= python3
+RUNS ?= runs
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
@@ -42,7 +43,7 @@ test-unit: setup
 	$(VENV)/bin/pytest -m unit
 
 demo: setup
-	$(VENV)/bin/trimlab demo
+	$(VENV)/bin/trimlab demo --runs $(RUNS)
 
 bench: setup
 	$(VENV)/bin/trimlab bench codec --json
