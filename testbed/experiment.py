@@ -132,17 +132,26 @@ def _tmpdir() -> str:
 
 # -- the agents' configuration -------------------------------------------------------------------
 
-def agent_config(spec: ExperimentSpec, p: Placement, mtu: int, rate_bps: int) -> dict:
+def packet_coords(spec: ExperimentSpec, mtu: int) -> int:
+    """Coordinates per packet: the spec's, checked against the MTU, or as many as fit."""
     from testbed import wire
+    from testbed.codec import get_codec
+
+    codec = get_codec(spec.codec.name, **spec.codec.params)
+    best = wire.max_coords(codec, mtu, spec.transport.ipv6)
+    if spec.codec.coords and spec.codec.coords > best:
+        raise SpecError(f"codec.coords={spec.codec.coords}: does not fit mtu={mtu} with codec "
+                        f"{codec.name}; at most {best}")
+    return spec.codec.coords or min(best, spec.codec.span)
+
+
+def agent_config(spec: ExperimentSpec, p: Placement, mtu: int, rate_bps: int) -> dict:
     from testbed.codec import get_codec
     from testbed.vrack.rack import parse_rate
 
     t = spec.transport
     codec = get_codec(spec.codec.name, **spec.codec.params)
-    coords = spec.codec.coords or min(wire.max_coords(codec, mtu, t.ipv6), spec.codec.span)
-    if coords > wire.max_coords(codec, mtu, t.ipv6):
-        raise SpecError(f"codec.coords={coords}: does not fit mtu={mtu} with codec {codec.name}; "
-                        f"at most {wire.max_coords(codec, mtu, t.ipv6)}")
+    coords = packet_coords(spec, mtu)
     pacing = parse_rate(t.pacing) if t.pacing else None
     if pacing is None and not spec.congestion.incast and spec.topology == "ps":
         pacing = int(0.9 * rate_bps / len(p.workers))  # together, the workers fit the ps's port
@@ -474,6 +483,7 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
     lab = inv.load(inventory) if inventory else None
     for pt in points:  # everything validated before anything is touched
         check_profile(pt, lab)
+        packet_coords(pt, int(lab.vars.get("data_mtu", 1500)) if lab else pt.rack.virtual.mtu)
         if lab is not None:
             place(lab, pt)
     sigterm_as_interrupt()

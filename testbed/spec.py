@@ -356,6 +356,9 @@ class ExperimentSpec(_Strict):
             raise SpecError(f"transport.control_dscp={t.control_dscp}: maps to trimmable queue "
                             f"{profile.tc_of(t.control_dscp)} of profile {profile.name}; parameters "
                             "must travel on a queue that is not trimmed")
+        if self.congestion.background and self.rack.virtual and not self.rack.virtual.traffic_hosts:
+            raise SpecError("congestion.background: needs rack.virtual.traffic_hosts >= 1 (the host "
+                            "that sends the flows)")
         if self.topology == "sharded" and self.rack.virtual and self.rack.virtual.workers < 2:
             raise SpecError("topology=sharded: needs rack.virtual.workers >= 2")
         return self

@@ -13,3 +13,24 @@ def test_help_lists_the_commands():
     assert out.returncode == 0
     for cmd in ("doctor", "plan", "bench", "demo"):
         assert cmd in out.stdout
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("name: x\ncodec: {name: fp32, coords: 480}\n", "codec.coords=480: does not fit mtu=1500 with codec fp32; at most 352"),
+    ("name: x\nworkload: {steps: 0}\n", "workload.steps: Input should be greater than or equal to 1"),
+    ("name: x\ncongestion: {background: [{rate: 1mbit}]}\nrack: {virtual: {traffic_hosts: 0}}\n",
+     "congestion.background: needs rack.virtual.traffic_hosts >= 1"),
+    ("name: x\nprofile: sonic-default\ncongestion: {inject_probability: 0.1}\n",
+     "transport.dscp=10: maps to queue 1"),
+])
+def test_run_refuses_bad_specs_before_touching_anything(tmp_path, spec, msg):
+    path = tmp_path / "s.yaml"
+    path.write_text(spec)
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(path), "--runs", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert msg in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
