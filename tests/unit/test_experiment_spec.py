@@ -27,7 +27,7 @@ def test_defaults_and_sweep_points():
     names = [p.codec.name for p in s.points()]
     assert names == ["embedded", "sign_tail", "fp32"]
     assert len({p.name for p in s.points()}) == 3
-    assert s.points()[0].congestion.background[0].rate == "300mbit"
+    assert s.points()[0].congestion.background[0].rate == "30mbit"
 
 
 def test_set_overrides_apply_before_validation(tmp_path):
