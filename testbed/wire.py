@@ -117,7 +117,7 @@ class Header:
     scale: float
 
 
-def _split(arr: np.ndarray) -> dict[str, np.ndarray]:
+def split_fields(arr: np.ndarray) -> dict[str, np.ndarray]:
     """Structured header array → one array per HEADER_FIELDS name."""
     out = {}
     for name in arr.dtype.names:
@@ -134,7 +134,7 @@ def parse_header(payload: bytes) -> Header:
     if len(payload) < HEADER_LEN:
         raise WireError(f"packet of {len(payload)} bytes is shorter than the {HEADER_LEN}-byte "
                         f"trimlab header; a trim size must keep at least the whole header")
-    fields = _split(np.frombuffer(payload, dtype=HEADER_DTYPE, count=1))
+    fields = split_fields(np.frombuffer(payload, dtype=HEADER_DTYPE, count=1))
     head = Header(**{k: v[0].item() for k, v in fields.items()})
     if head.magic != MAGIC or head.version != VERSION:
         raise WireError(f"not a trimlab v{VERSION} packet (magic {head.magic:#x}, "
@@ -213,7 +213,7 @@ def depacketize(payloads: Iterable[bytes], codec, numel: int, ids: PacketIds,
     lay = codec.layout(numel, ctx)
     n = len(kept)
     head = np.frombuffer(b"".join(p[:HEADER_LEN] for p in kept), dtype=HEADER_DTYPE, count=n)
-    f = _split(head)
+    f = split_fields(head)
     got = np.array([len(p) for p in kept], dtype=np.int64)
     expect_coords = _expected_coords(lay, f["span"], f["packet"])
     checks = [

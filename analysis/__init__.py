@@ -1,0 +1,1 @@
+"""Analysis of run directories: captures, matching, figures and the report."""
