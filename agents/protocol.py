@@ -247,6 +247,7 @@ class Node:
         self.done_steps: set[tuple] = set()  # (step, bucket) already reduced: late packets
         self.rank_of: dict[str, int] = {}
         self.discarded: collections.Counter = collections.Counter()
+        self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
         self.bye = False
 
     def name_of(self, addr: str) -> str:
@@ -256,12 +257,15 @@ class Node:
     def pump(self, timeout: float = 0.01) -> None:
         socks = [s.sock for s in (self.data, self.ctrl) if s is not None]
         ready = select.select(socks, [], [], timeout)[0]
+        now = time.monotonic()
         if self.data is not None and self.data.sock in ready:
             for d in self.data.recv_batch(timeout=0):
+                self._heard(d, now)
                 self._on_gradient(d)
         if self.ctrl.sock in ready:
             acks: dict[tuple, str] = {}
             for d in self.ctrl.recv_batch(timeout=0):
+                self._heard(d, now)
                 key = self._on_control(d)
                 if key:
                     acks[key] = d.src[0]
@@ -271,6 +275,10 @@ class Node:
         for b in self.broadcasts:
             b.poll(now)
         self.broadcasts = [b for b in self.broadcasts if not b.done]
+
+    def _heard(self, d: Datagram, now: float) -> None:
+        if d.src[0] in self.peers:
+            self.last_heard[d.src[0]] = now
 
     def _on_gradient(self, d: Datagram) -> None:
         src = d.src[0]
@@ -409,20 +417,23 @@ class Node:
 
 
 class MissedSteps:
-    """A rank that contributed nothing for `limit` steps in a row has stopped: fail the run
-    rather than train on without it."""
+    """A rank that contributed nothing for `limit` steps in a row and has sent nothing at all
+    (no late gradient, no acknowledgement) for `silence_s` has stopped: fail the run rather
+    than train on without it. A rank that is merely slower than the deadline is not."""
 
-    def __init__(self, node: Node, limit: int):
-        self.node, self.limit = node, limit
+    def __init__(self, node: Node, limit: int, silence_s: float = 3.0):
+        self.node, self.limit, self.silence_s = node, limit, silence_s
         self.row: collections.Counter = collections.Counter()
 
     def check(self, coll: Collector, reduced: Reduced) -> None:
+        now = time.monotonic()
         for rank, n in reduced.per_rank.items():
             self.row[rank] = 0 if n else self.row[rank] + 1
-            if self.row[rank] >= self.limit:
+            heard = self.node.last_heard.get(coll.ranks[rank], coll.opened)
+            if self.row[rank] >= self.limit and now - heard > self.silence_s:
                 raise ProtocolError(f"{self.node.name_of(coll.ranks[rank])} (rank {rank}) sent no "
                                     f"gradient packet for {self.limit} steps in a row (last: step "
-                                    f"{coll.step})")
+                                    f"{coll.step}) and nothing at all for {now - heard:.1f} s")
 
 
 def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
