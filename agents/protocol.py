@@ -243,6 +243,7 @@ class Node:
         self.ctrl = Receiver(bind, self.ctrl_port, dscp=t["control_dscp"])
         self.broadcasts: list[Broadcast] = []
         self.assemblies: dict[tuple, Assembly] = {}
+        self.completed: dict[tuple, int] = {}  # (src, step, shard) delivered -> its chunk count
         self.collectors: dict[tuple, Collector] = {}
         self.done_steps: set[tuple] = set()  # (step, bucket) already reduced: late packets
         self.rank_of: dict[str, int] = {}
@@ -314,6 +315,8 @@ class Node:
         body = d.payload[CTRL.size:]
         if kind == PARAMS:
             key = (src, step, shard)
+            if key in self.completed:  # a retransmission: our ACK was lost, send it again
+                return key
             asm = self.assemblies.get(key)
             if asm is None:
                 asm = self.assemblies[key] = Assembly(count)
@@ -323,24 +326,20 @@ class Node:
         if kind == ACK:
             bitmap = np.unpackbits(np.frombuffer(body, dtype=np.uint8), bitorder="little")[:count]
             for b in self.broadcasts:
-                if b.shard != shard:
-                    continue
-                if b.step == step:
+                if b.shard == shard and b.step == step:
                     b.on_ack(src, first, bitmap)
-                elif b.step < step and src in b.pending:
-                    # parameters of a later step go out only after this step completed, so
-                    # an ACK of them proves the older ones arrived (their ACK was lost)
-                    b.pending[src] = set()
             return None
         if kind == BYE:
             self.bye = True
         return None
 
     def _ack(self, src: str, key: tuple) -> None:
-        asm = self.assemblies[key]
-        have = np.zeros(asm.nchunks, dtype=np.uint8)
-        have[list(asm.parts)] = 1
-        for first in range(0, asm.nchunks, MAX_ACK_CHUNKS):
+        if key in self.completed:
+            have = np.ones(self.completed[key], dtype=np.uint8)
+        else:
+            have = np.zeros(self.assemblies[key].nchunks, dtype=np.uint8)
+            have[list(self.assemblies[key].parts)] = 1
+        for first in range(0, len(have), MAX_ACK_CHUNKS):
             bits = have[first:first + MAX_ACK_CHUNKS]
             head = CTRL.pack(ACK, CTRL_VERSION, self.job, key[1], key[2], first, len(bits))
             self.ctrl.sendto(head + np.packbits(bits, bitorder="little").tobytes(), (src, self.ctrl_port))
@@ -366,9 +365,8 @@ class Node:
             asm = self.assemblies.get(key)
             if asm is not None and asm.complete:
                 data = asm.data()
-                # keep the (empty) assembly so duplicates are still acknowledged
-                asm.parts = {i: b"" for i in range(asm.nchunks)}
-                self._forget(step)
+                del self.assemblies[key]
+                self.completed[key] = asm.nchunks  # duplicates are still acknowledged
                 values = torch.frombuffer(bytearray(data), dtype=torch.float32)
                 if values.numel() != numel:
                     raise ProtocolError(f"parameters of step {step} from {self.name_of(src)}: "
@@ -378,11 +376,6 @@ class Node:
                 raise ProtocolError(f"no parameters of step {step} (shard {shard}) from "
                                     f"{self.name_of(src)} within {timeout_s:g} s")
             self.pump()
-
-    def _forget(self, step: int) -> None:
-        """Assemblies two steps old are no longer acknowledged (nobody retransmits them)."""
-        for key in [k for k in self.assemblies if k[1] < step - 1]:
-            del self.assemblies[key]
 
     def expect(self, step: int, bucket: int, ranks: dict[int, str], numel: int,
                deadline_s: float) -> Collector:

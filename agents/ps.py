@@ -48,6 +48,11 @@ def run(cfg: dict, out: Path) -> dict:
             coll = node.expect(step, 0, workers, numel, deadline)
             bc = node.broadcast(step, 0, params, dests,
                                 give_up_s=to["startup_s"] if step == 0 else to["give_up_s"])
+            if step == 0:  # start barrier: every worker is up and holds the first parameters
+                while not bc.done:
+                    node.pump()
+                if coll.first is not None:  # the deadline runs from the barrier, not before
+                    coll.first = time.monotonic()
             w0 = time.monotonic()
             node.collect(coll, to["startup_s"] if step == 0 else to["step_s"])
             r0 = time.monotonic()

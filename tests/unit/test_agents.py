@@ -36,16 +36,23 @@ def config(topology: str, workers: int = 3, steps: int = 6, base: int = 20) -> d
     }
 
 
-def launch(cfg: dict, tmp: Path) -> list[subprocess.Popen]:
+def launch(cfg: dict, tmp: Path, late_rank: int | None = None) -> list[subprocess.Popen]:
+    """Every agent of `cfg`; `late_rank` starts 3 s after the ps (a slow host)."""
     path = tmp / "agent.json"
     path.write_text(json.dumps(cfg))
-    procs = [subprocess.Popen([sys.executable, "-m", "agents.worker", "--config", str(path), "--rank", str(r),
-                               "--out", str(tmp / f"w{r + 1}")], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(len(cfg["workers"]))]
+
+    def worker(r):
+        return subprocess.Popen([sys.executable, "-m", "agents.worker", "--config", str(path), "--rank", str(r),
+                                 "--out", str(tmp / f"w{r + 1}")], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    procs = [worker(r) for r in range(len(cfg["workers"])) if r != late_rank]
     if cfg["ps"]:
         procs.append(subprocess.Popen([sys.executable, "-m", "agents.ps", "--config", str(path),
                                        "--out", str(tmp / "ps1")], cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
+    if late_rank is not None:
+        time.sleep(3)
+        procs.append(worker(late_rank))
     return procs
 
 
@@ -121,6 +128,14 @@ def test_sharded_topology_identical_parameters(tmp_path):
         rows = (tmp_path / w / "packets.csv").read_text().splitlines()[1:]
         own = int(w[1:]) - 1
         assert {int(r.split(",")[4]) for r in rows} == set(range(3)) - {own}
+
+
+def test_a_worker_that_starts_late_still_gets_every_step(tmp_path):
+    cfg = config("ps", workers=2, steps=4, base=22)
+    finish(launch(cfg, tmp_path, late_rank=1))
+    f = finals(tmp_path)
+    assert len({v["checksum"] for v in f.values()}) == 1
+    assert f["ps1"]["missing"] == 0  # the first step waited for everyone
 
 
 def test_flat_sgd_and_parameter_round_trip():
