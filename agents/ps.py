@@ -65,8 +65,9 @@ def run(cfg: dict, out: Path) -> dict:
                        expected=red.expected, trimmed=red.trimmed, missing=red.missing,
                        min_contributors=int(red.contributors.min()), retransmits=bc.retransmits,
                        test_loss="", test_acc="")
-            for k in totals:
-                totals[k] += getattr(red, "packets" if k == "received" else k)
+            for k, v in (("received", red.packets), ("trimmed", red.trimmed),
+                         ("missing", red.missing), ("expected", red.expected)):
+                totals[k] += v
             if step % eval_every == 0 or step == steps - 1:
                 W.set_flat_params(wl.model, params)
                 row["test_loss"], row["test_acc"] = (round(v, 5) for v in wl.evaluate())
