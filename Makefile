@@ -6,7 +6,8 @@ RUNS ?= runs
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
-APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump openssh-server openssh-client gcc-multilib
+APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump openssh-server openssh-client gcc-multilib \
+	tshark chromium
 STAMP := $(VENV)/.trimlab-installed
 
 .PHONY: setup apt venv test test-unit demo bench clean

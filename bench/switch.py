@@ -9,7 +9,6 @@ machine hits the points it compares alike and cancels."""
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 import sys
 import subprocess
@@ -20,14 +19,9 @@ SOURCE = Path(__file__).with_name("blast.c")
 
 
 def _blaster() -> Path:
-    from testbed.vrack.vswitch import cache_dir
+    from testbed import native
 
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    exe = cache_dir() / f"blast-{digest}"
-    if not exe.exists():
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["gcc", "-O2", "-o", str(exe), str(SOURCE)], check=True)
-    return exe
+    return native.build(SOURCE, "gcc", ["-O2"], "blast")
 
 
 def _rx_packets(ns: str) -> int:

@@ -249,6 +249,17 @@ def bench_switch(as_json: bool = typer.Option(False, "--json", help="print the J
     print(json.dumps(result, indent=None if as_json else 2))
 
 
+@bench_app.command("pcap")
+def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
+               quick: bool = typer.Option(False, help="50 k packets instead of 1 M"),
+               packets: int = typer.Option(None, min=1000, help="packets in the capture")):
+    """Packets/s of the capture reader on a 1 M-packet capture, vs dpkt and tshark -T fields."""
+    from bench.pcap import run
+
+    result = run(quick=quick, packets=packets)
+    print(json.dumps(result, indent=None if as_json else 2))
+
+
 @app.command()
 def provision(inventory: str = typer.Option(None, "-i", "--inventory", help="Ansible YAML inventory "
                                             "(default: the running virtual rack)"),

@@ -186,8 +186,9 @@ class Codec:
         return rht.span_sign_masks(ctx.seed, ctx.step, ctx.bucket,
                                    range(g.first, g.first + g.count), g.size, device=device)
 
-    def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
-        """Encode a flat float tensor into packets (span-major order)."""
+    def _blocks(self, x: torch.Tensor, ctx: CodecContext):
+        """(block, y, span index, packet index) per block: y is the block's (P, c) matrix of
+        (rotated) coordinates, one row per packet, span-major."""
         flat = x.detach().reshape(-1).to(torch.float32)
         lay = self.layout(flat.numel(), ctx)
         device = flat.device
@@ -197,15 +198,49 @@ class Codec:
             if g.filled < g.size:
                 chunk = torch.nn.functional.pad(chunk, (0, g.size - g.filled))
             spans[g] = rht.rotate(chunk, self._signs(ctx, g, device)) if self.rotated else chunk
-        parts = []
         for b in lay.blocks:
             y = lay.block_view(spans[b.group], b).reshape(-1, b.coords)
-            body, scale = self.encode_block(y)
             span_idx = torch.arange(b.group.first, b.group.first + b.group.count, device=device)
-            span_idx = span_idx.repeat_interleave(b.per_span)
             pkt_idx = torch.arange(b.first_index, b.first_index + b.per_span, device=device)
-            parts.append((span_idx, pkt_idx.repeat(b.group.count), b.coords, scale, body))
-        return _concat(parts, device)
+            yield b, y, span_idx.repeat_interleave(b.per_span), pkt_idx.repeat(b.group.count)
+
+    def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
+        """Encode a flat float tensor into packets (span-major order)."""
+        parts = []
+        for b, y, span_idx, pkt_idx in self._blocks(x, ctx):
+            body, scale = self.encode_block(y)
+            parts.append((span_idx, pkt_idx, b.coords, scale, body))
+        return _concat(parts, x.device)
+
+    def packet_errors(self, x: torch.Tensor, ctx: CodecContext, span: torch.Tensor,
+                      index: torch.Tensor, nbytes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The true error of packets (span, index) of bucket `x` when `nbytes` of each body
+        arrive (< 0: the packet was lost). Measured where the codec quantizes (after the
+        rotation, which is orthonormal, so a span's error is the sum of its packets'):
+        `error` = ‖ŷ − y‖², `energy` = ‖y‖², and the `scale` the encoder wrote in the header
+        (for checking a re-encoding against the wire). NaN for a (span, index) the layout
+        does not have."""
+        n = span.shape[0]
+        out = {k: torch.full((n,), float("nan"), dtype=torch.float64) for k in ("error", "energy", "scale")}
+        span, index, nbytes = span.cpu().long(), index.cpu().long(), nbytes.cpu().long()
+        for b, y, _, _ in self._blocks(x, ctx):
+            g = b.group
+            rows = ((span >= g.first) & (span < g.first + g.count) & (index >= b.first_index)
+                    & (index < b.first_index + b.per_span)).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            pos = ((span[rows] - g.first) * b.per_span + index[rows] - b.first_index).to(y.device)
+            yb = y.index_select(0, pos)
+            body, scale = self.encode_block(yb)
+            full = body.shape[1]
+            got = nbytes[rows].to(y.device)
+            keep = torch.arange(full, device=y.device)[None, :] < got.clamp(min=0)[:, None]
+            yhat, _ = self.decode_block(body * keep, got.clamp(min=0, max=full), scale)
+            yhat = torch.where((got >= 0)[:, None], yhat, torch.zeros_like(yhat))
+            out["error"][rows] = ((yhat - yb).double() ** 2).sum(1).cpu()
+            out["energy"][rows] = (yb.double() ** 2).sum(1).cpu()
+            out["scale"][rows] = scale.double().cpu()
+        return out
 
     def decode(self, packets: Packets, ctx: CodecContext, numel: int) -> Decoded:
         """Decode whatever arrived (any subset, any order, any prefix of each body).

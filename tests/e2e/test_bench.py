@@ -24,3 +24,15 @@ def test_bench_codec_quick_prints_its_json():
         assert r["clone_ms"] > 0 and r["encode_ms"] > 0 and r["decode_ms"] > 0
         ratio = (r["encode_ms"] + r["decode_ms"]) / r["clone_ms"]
         assert abs(r["roundtrip_over_clone"] - ratio) <= 0.01 * ratio + 0.01
+
+
+def test_bench_pcap_quick_compares_with_dpkt_and_tshark():
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "pcap", "--json", "--quick"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["bench"] == "pcap" and result["packets"] == 50_000
+    for base in ("dpkt", "tshark"):  # both baselines are installed by make setup
+        r = result[base]
+        assert r["packets_per_s"] > 0
+        assert abs(r["ratio"] - result["packets_per_s"] / r["packets_per_s"]) <= 0.02 * r["ratio"] + 0.02

@@ -13,7 +13,6 @@ It is validated whole before any map is written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -42,29 +41,15 @@ class SwitchError(TrimlabError):
     """The virtual switch cannot be built or reached."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRIMLAB_CACHE", "/var/cache/trimlab"))
-
-
 def build() -> Path:
     """Compile trim.c (once per source and flags: cached by their hash)."""
-    from testbed.doctor import bpf_cflags, which
+    from testbed import native
+    from testbed.doctor import bpf_cflags
 
-    clang = which("clang")
-    if not clang:
-        raise SwitchError("clang not found: apt-get install clang llvm libbpf-dev (or make setup)")
-    flags = bpf_cflags() + ["-Wall"]
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    obj = cache_dir() / f"vswitch-{digest}.o"
-    if not obj.exists():
-        obj.parent.mkdir(parents=True, exist_ok=True)
-        tmp = obj.with_suffix(f".{os.getpid()}.tmp")
-        out = subprocess.run([clang, *flags, "-c", str(SOURCE), "-o", str(tmp)],
-                             capture_output=True, text=True)
-        if out.returncode:
-            raise SwitchError(f"compiling {SOURCE.name} failed: {out.stderr.strip()[-400:]}")
-        tmp.replace(obj)
-    return obj
+    try:
+        return native.build(SOURCE, "clang", bpf_cflags() + ["-Wall", "-c"], "vswitch", ".o")
+    except native.BuildError as exc:
+        raise SwitchError(f"{exc} (clang, llvm and libbpf-dev are needed)") from None
 
 
 def _sh(*cmd: str, ns: str | None = None) -> subprocess.CompletedProcess:
