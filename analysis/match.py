@@ -1,0 +1,306 @@
+"""One row per gradient packet sent, joined from every observer, and the checks that the
+three observers of each trim (switch counters, the receiver's capture, the ps log) agree.
+
+    packets, checks = match(RunData.open(run_dir))
+    write(run_dir)   # packets.parquet and checks.json in the run directory
+
+A packet's identity is (step, rank, bucket, span, packet): the trimlab header's. The rows
+come from the codec's layout of every bucket each worker reported sending (metrics.csv), so
+a packet no observer saw is still a row (dropped). Its true error is measured by re-encoding
+the worker's saved gradient (truth/) with the run's codec and seed, deterministically, and
+decoding it at the length that arrived.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.rundata import RunData, RunDataError
+from testbed import wire
+
+KEY = ["step", "rank", "bucket", "span", "packet"]
+COLUMNS = ["job", *KEY, "sender", "receiver", "coords", "sent_len", "t_sent_ns", "dscp_sent",
+           "seen_sender", "t_recv_ns", "recv_len", "dscp_recv", "seen_receiver", "logged", "status",
+           "trimmed", "dropped", "planes", "bits_per_coord", "delay_us", "expected_nmse", "nmse"]
+# a check's status: agree (green), explained (a known cause, e.g. a capture that lost
+# packets, said so), disagree (red), n/a (this run cannot tell)
+AGREE, EXPLAINED, DISAGREE, NA = "agree", "explained", "disagree", "n/a"
+
+
+# -- the rows ---------------------------------------------------------------------------------
+
+def _layout_rows(codec, numel: int, cfg: dict, bucket: int) -> pd.DataFrame:
+    """(span, packet, coords) of every packet of one bucket, in the codec's layout."""
+    from testbed.codec import CodecContext
+
+    c = cfg["codec"]
+    lay = codec.layout(numel, CodecContext(seed=cfg["seed"], bucket=bucket, span=c["span"], coords=c["coords"]))
+    parts = []
+    for b in lay.blocks:
+        g = b.group
+        parts.append(pd.DataFrame({
+            "span": np.repeat(np.arange(g.first, g.first + g.count), b.per_span),
+            "packet": np.tile(np.arange(b.first_index, b.first_index + b.per_span), g.count),
+            "coords": b.coords}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def sent_packets(run: RunData) -> pd.DataFrame:
+    """Every gradient packet the workers sent, by the layout and the steps they reported."""
+    cfg = run.cfg
+    codec = run.codec
+    parts = []
+    for rank, w in enumerate(cfg["workers"]):
+        lay = run.layout(rank)
+        m = run.metrics
+        steps = np.sort(m.loc[m["rank"] == rank, "step"].unique()) if len(m) else np.zeros(0, dtype=int)
+        if lay is None or not len(steps):
+            continue
+        for b, (lo, hi) in ((int(k), v) for k, v in lay["buckets"].items()):
+            if cfg["topology"] == "sharded" and b == rank:
+                continue  # an owner's own shard never crosses the network
+            receiver = cfg["workers"][b]["name"] if cfg["topology"] == "sharded" else cfg["ps"]["name"]
+            one = _layout_rows(codec, hi - lo, cfg, b)
+            rows = one.loc[np.tile(one.index, len(steps))].reset_index(drop=True)
+            rows.insert(0, "step", np.repeat(steps, len(one)))
+            parts.append(rows.assign(rank=rank, bucket=b, sender=w["name"], receiver=receiver))
+    if not parts:
+        return pd.DataFrame(columns=[*KEY, "coords", "sender", "receiver"])
+    out = pd.concat(parts, ignore_index=True)
+    out["sent_len"] = wire.HEADER_LEN + (codec.body_bytes(32) * out["coords"]) // 32
+    out["job"] = cfg["job"]
+    return out
+
+
+def _seen(cap: pd.DataFrame | None, cfg: dict, **where) -> pd.DataFrame:
+    """A capture's trimlab gradient packets of this job (src/dst as given), one per key."""
+    cols = [*KEY, "ts_ns", "dscp", "length", "udp_len", "scale"]
+    if cap is None:
+        return pd.DataFrame(columns=cols)
+    sel = cap["trimlab"].to_numpy() & (cap["dport"].to_numpy() == cfg["transport"]["port"]) \
+        & (cap["job"].to_numpy() == cfg["job"])
+    for col, addr in where.items():
+        sel &= (cap[col] == addr).to_numpy()
+    return cap.loc[sel, cols].drop_duplicates(KEY)
+
+
+def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """True per-packet NMSE (and the re-encoded header scale) for the steps with truth."""
+    import torch
+
+    from testbed.codec import CodecContext
+
+    cfg, codec = run.cfg, run.codec
+    nmse = pd.Series(np.nan, index=rows.index)
+    scale = pd.Series(np.nan, index=rows.index)
+    for step, rank in run.truth_steps:
+        g = run.truth(step, rank)
+        lay = run.layout(rank) if rank < len(cfg["workers"]) else None
+        if g is None or lay is None:
+            continue
+        for b, (lo, hi) in ((int(k), v) for k, v in lay["buckets"].items()):
+            sel = rows[(rows["step"] == step) & (rows["rank"] == rank) & (rows["bucket"] == b)]
+            if sel.empty:
+                continue
+            ctx = CodecContext(seed=cfg["seed"], step=step, bucket=b, span=cfg["codec"]["span"],
+                               coords=cfg["codec"]["coords"])
+            got = np.where(sel["dropped"], -1, sel["recv_len"].fillna(sel["sent_len"]) - wire.HEADER_LEN)
+            e = codec.packet_errors(torch.from_numpy(g[lo:hi]), ctx, torch.as_tensor(sel["span"].to_numpy()),
+                                    torch.as_tensor(sel["packet"].to_numpy()), torch.as_tensor(got.astype(np.int64)))
+            energy = e["energy"].numpy()
+            nmse.loc[sel.index] = np.where(energy > 0, e["error"].numpy() / np.where(energy > 0, energy, 1), 0.0)
+            scale.loc[sel.index] = e["scale"].numpy()
+    return nmse, scale
+
+
+def packet_table(run: RunData) -> tuple[pd.DataFrame, dict]:
+    """The per-packet table, and what the checks need beside it."""
+    import torch
+
+    cfg = run.cfg
+    if cfg is None:
+        raise RunDataError(f"{run.path}: no agent.json; the run failed before its agents started")
+    rows = sent_packets(run)
+    addr = {h: v["addr"] for h, v in run.hosts.items()}
+    side: dict = {"captures": {}, "sender_scale": None}
+    snd, rcv = [], []
+    for w in cfg["workers"]:
+        cap = run.capture(w["name"])
+        side["captures"][w["name"]] = cap
+        snd.append(_seen(cap, cfg, src=w["addr"]))
+    for r in run.receivers:
+        cap = side["captures"].get(r) if r in side["captures"] else run.capture(r)
+        side["captures"][r] = cap
+        rcv.append(_seen(cap, cfg, dst=addr.get(r)).assign(receiver=r))
+    s = pd.concat(snd, ignore_index=True).rename(columns={"ts_ns": "t_sent_ns", "dscp": "dscp_sent",
+                                                          "scale": "wire_scale", "length": "wire_length"})
+    r = pd.concat(rcv, ignore_index=True).rename(columns={"ts_ns": "t_recv_ns", "dscp": "dscp_recv"})
+    r["recv_len"] = r["udp_len"] - wire.UDP_LEN
+    rows = rows.merge(s[[*KEY, "t_sent_ns", "dscp_sent", "wire_scale", "wire_length"]], on=KEY, how="left")
+    rows = rows.merge(r[[*KEY, "t_recv_ns", "dscp_recv", "recv_len"]], on=KEY, how="left")
+    rows["seen_sender"] = rows["t_sent_ns"].notna()
+    rows["seen_receiver"] = rows["t_recv_ns"].notna()
+    log = run.packet_log
+    if len(log):
+        log = log.sort_values("status", key=lambda st: st != "accepted", kind="stable").drop_duplicates(KEY)
+        log = log[[*KEY, "recv_len", "trimmed", "planes", "status", "dscp"]].rename(
+            columns={"recv_len": "log_len", "trimmed": "log_trimmed", "planes": "log_planes", "dscp": "log_dscp"})
+        rows = rows.merge(log, on=KEY, how="left")
+    else:
+        rows = rows.assign(log_len=np.nan, log_trimmed=np.nan, log_planes=np.nan, status=None, log_dscp=np.nan)
+    rows["logged"] = rows["status"].notna()
+    rows["recv_len"] = rows["recv_len"].fillna(rows["log_len"])
+    rows["dscp_recv"] = rows["dscp_recv"].fillna(rows["log_dscp"])
+    received = rows["seen_receiver"] | rows["logged"]
+    rows["dropped"] = ~received
+    rows["trimmed"] = received & (rows["recv_len"] < rows["sent_len"])
+    body = (rows["recv_len"].fillna(0) - wire.HEADER_LEN).clip(lower=0).astype(np.int64)
+    body = body.where(received, 0)
+    coords = torch.tensor(rows["coords"].to_numpy(np.int64))
+    nbytes = torch.tensor(body.to_numpy())
+    codec = run.codec
+    rows["planes"] = np.where(received, np.minimum((8 * body) // rows["coords"], codec.planes), -1)
+    rows["bits_per_coord"] = np.where(received, 8.0 * body / rows["coords"], 0.0)
+    rows["expected_nmse"] = np.where(received, codec.expected_nmse(coords, nbytes).numpy(), 1.0)
+    rows["delay_us"] = (rows["t_recv_ns"] - rows["t_sent_ns"]) / 1e3
+    rows["nmse"], rows["truth_scale"] = _truth_errors(run, rows)
+    rows["status"] = rows["status"].fillna("not_logged")
+    return rows, side
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+def _check(name: str, observers: str, expected, observed, status: str, detail: str) -> dict:
+    return {"check": name, "observers": observers, "expected": expected, "observed": observed,
+            "status": status, "detail": detail}
+
+
+def _capture_checks(run: RunData, side: dict) -> tuple[list[dict], dict[str, int]]:
+    checks, lost = [], {}
+    for host, cap in side["captures"].items():
+        stats = run.capture_stats(host)
+        if cap is None:
+            checks.append(_check(f"capture {host}", "tcpdump", "a capture", "none", NA,
+                                 "no capture file (capture.points did not include this host)"))
+            continue
+        dropped = sum(v.get("dropped_by_kernel", 0) for v in stats.values()) if stats else None
+        lost[host] = dropped or 0
+        if stats is None:
+            checks.append(_check(f"capture {host}", "tcpdump", 0, "unknown", NA,
+                                 "tcpdump's statistics were not collected"))
+        else:
+            checks.append(_check(f"capture {host}", "tcpdump", 0, dropped, AGREE if not dropped else EXPLAINED,
+                                 f"{len(cap)} packets read; tcpdump dropped {dropped}"
+                                 + ("" if not dropped else ": checks on this capture may disagree by that much")))
+    return checks, lost
+
+
+def _trims_on_port(run: RunData, host: str, cap: pd.DataFrame | None) -> int | None:
+    """Background (non-trimlab) packets this host's capture saw remarked by a trim."""
+    prof = run.profile or {}
+    flows = run.spec.get("congestion", {}).get("background", [])
+    if cap is None:
+        return None
+    if not flows:
+        return 0
+    trim_dscp = prof.get("dscp")
+    ports = {48000 + i for i, f in enumerate(flows) if f.get("dscp") != trim_dscp}
+    sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & (cap["dscp"] == trim_dscp)
+    return int(sel.sum())
+
+
+def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
+    out, lost = _capture_checks(run, side)
+    cfg = run.cfg
+    sent = len(rows)
+    seen = int(rows["seen_sender"].sum())
+    senders_lost = sum(lost.get(w["name"], 0) for w in cfg["workers"])
+    have_sender = any(side["captures"].get(w["name"]) is not None for w in cfg["workers"])
+    out.append(_check("sent = sender capture", "workers' metrics · sender captures", sent, seen if have_sender else "-",
+                      NA if not have_sender else AGREE if seen == sent else
+                      EXPLAINED if sent - seen <= senders_lost else DISAGREE,
+                      "every packet the workers sent left their NIC" if seen == sent else
+                      f"{sent - seen} sent packets not in the sender captures"))
+    t = rows[rows["truth_scale"].notna() & rows["seen_sender"]]
+    if len(t):
+        same = int(((t["truth_scale"].astype(np.float32) == t["wire_scale"].astype(np.float32))
+                    & (t["wire_length"] == t["sent_len"])).sum())
+        out.append(_check("truth re-encoding = wire", "truth/ · sender captures", len(t), same,
+                          AGREE if same == len(t) else DISAGREE,
+                          "re-encoding the saved gradients gives the headers on the wire bit for bit"
+                          if same == len(t) else f"{len(t) - same} packets differ from their re-encoding"))
+    counters = run.counters
+    plog = run.packet_log
+    for host in run.receivers:
+        mine = rows[rows["receiver"] == host]
+        cap = side["captures"].get(host)
+        port = run.hosts.get(host, {}).get("port")
+        pc = counters["ports"].get(port) if counters and port else None
+        bg = _trims_on_port(run, host, cap)
+        cap_trims = int((mine["trimmed"] & mine["seen_receiver"]).sum()) if cap is not None else None
+        log_trims = int(mine["log_trimmed"].fillna(0).sum()) if len(plog) else None
+        if pc is not None and cap_trims is not None and bg is not None:
+            want, got = pc["TRIM_TX_PKTS"], cap_trims + bg
+            out.append(_check(f"switch trims = capture ({host})", f"switch {port} · capture {host}", want, got,
+                              AGREE if want == got else EXPLAINED if 0 < want - got <= lost.get(host, 0) else DISAGREE,
+                              f"TRIM_TX_PKTS on {port}; the capture saw {cap_trims} trimmed gradient packets"
+                              + (f" and {bg} trimmed background packets" if bg else "")))
+        if pc is not None and log_trims is not None and bg is not None:
+            want, got = pc["TRIM_TX_PKTS"] - bg, log_trims
+            out.append(_check(f"switch trims = ps log ({host})", f"switch {port} · {host} log", want, got,
+                              AGREE if want == got else DISAGREE,
+                              "gradient packets the switch trimmed on the receiver's port vs trimmed rows "
+                              "the receiver logged" + (f" ({bg} background trims seen in the capture left out)" if bg else "")))
+        if cap is not None and len(plog):
+            both = mine[mine["seen_receiver"] & mine["logged"]]
+            diff = int((both["trimmed"] != both["log_trimmed"].astype(bool)).sum()
+                       + (both["recv_len"] != both["log_len"]).sum())
+            only_cap = int((mine["seen_receiver"] & ~mine["logged"]).sum())
+            only_log = int((~mine["seen_receiver"] & mine["logged"]).sum())
+            final = run.agent_json(host, "final.json") or {}
+            late = sum(final.get("discarded", {}).get(k, 0) for k in ("late", "unexpected"))
+            status = AGREE if diff == only_cap == only_log == 0 else \
+                EXPLAINED if diff == 0 and only_cap <= late and only_log <= lost.get(host, 0) else DISAGREE
+            detail = (f"{len(both)} packets in both agree on length and trim" if diff == 0 else
+                      f"{diff} disagreements on length or trim among {len(both)} packets")
+            if only_cap:
+                detail += f"; {only_cap} captured but not logged ({late} counted late by the receiver)"
+            if only_log:
+                detail += f"; {only_log} logged but not captured (tcpdump dropped {lost.get(host, 0)})"
+            out.append(_check(f"capture = ps log ({host})", f"capture {host} · {host} log", len(both) + only_cap + only_log,
+                              len(both), status, detail))
+        if pc is not None and not run.spec.get("congestion", {}).get("background"):
+            want = pc["DROP_PKTS"] + pc["TRIM_DRP_PKTS"]
+            got = int(mine["dropped"].sum())
+            out.append(_check(f"switch drops = never received ({host})", f"switch {port} · capture and log {host}",
+                              want, got, AGREE if want == got else DISAGREE,
+                              "DROP_PKTS + TRIM_DRP_PKTS on the receiver's port vs gradient packets neither "
+                              "its capture nor its log saw"))
+    if counters is None:
+        out.append(_check("switch counters", "switch", "counters before and after", "none", NA,
+                          "this switch target records no counters in the run (virtual switch only)"))
+    return out
+
+
+# -- the files ----------------------------------------------------------------------------------
+
+def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
+    rows, side = packet_table(run)
+    return rows, checks(run, rows, side)
+
+
+def write(run_dir: str | Path) -> tuple[pd.DataFrame, list[dict]]:
+    run = RunData.open(run_dir)
+    rows, chk = match(run)
+    rows[COLUMNS].to_parquet(run.path / "packets.parquet", index=False)
+    summary = {"all_agree": all(c["status"] == AGREE for c in chk), "checks": chk}
+    (run.path / "checks.json").write_text(json.dumps(summary, indent=1, default=_jsonable) + "\n")
+    return rows, chk
+
+
+def _jsonable(v):
+    return v.item() if hasattr(v, "item") else str(v)

@@ -1,0 +1,191 @@
+"""Everything a run directory holds, loaded for analysis: the manifest, the agents'
+configuration, the rack's cabling, captures (with tcpdump's own statistics), the ps log,
+step and worker metrics, switch counters and occupancy, ground truth, background-flow
+events. Each loader returns None (or an empty frame) where a failed run left nothing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from testbed.errors import TrimlabError
+
+
+class RunDataError(TrimlabError):
+    """A directory that is not a trimlab run (or lacks what analysis needs)."""
+
+
+@dataclass
+class RunData:
+    path: Path
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunData":
+        path = Path(path)
+        if not (path / "manifest.json").exists():
+            raise RunDataError(f"{path}: no manifest.json; give a run directory (runs/<time>-<name>)")
+        return cls(path)
+
+    # -- what the run was --------------------------------------------------------------------
+    @cached_property
+    def manifest(self) -> dict:
+        return json.loads((self.path / "manifest.json").read_text())
+
+    @cached_property
+    def spec(self) -> dict:
+        return self.manifest.get("spec", {})
+
+    @cached_property
+    def cfg(self) -> dict | None:
+        """The agents' configuration (agent.json): absent when the run failed before it."""
+        p = self.path / "agent.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    @cached_property
+    def codec(self):
+        from testbed.codec import get_codec
+
+        c = self.cfg["codec"]
+        return get_codec(c["name"], **c["params"])
+
+    @cached_property
+    def hosts(self) -> dict[str, dict]:
+        """host -> {role, addr (data address of the run's family), port (switch port)}."""
+        from testbed import inventory
+
+        p = self.path / "inventory.yml"
+        if not p.exists():
+            return {}
+        ipv6 = bool(self.cfg and self.cfg["transport"]["ipv6"])
+        return {h.name: {"role": h.role, "addr": h.vars.get("data_ipv6" if ipv6 else "data_ipv4"),
+                         "port": h.vars.get("switch_port")} for h in inventory.load(p).hosts}
+
+    @cached_property
+    def receivers(self) -> list[str]:
+        """Hosts that receive gradient packets: the ps, or every worker when sharded."""
+        if not self.cfg:
+            return []
+        return [w["name"] for w in self.cfg["workers"]] if self.cfg["topology"] == "sharded" \
+            else [self.cfg["ps"]["name"]]
+
+    # -- what the agents wrote ---------------------------------------------------------------
+    def agent_csv(self, host: str, name: str) -> pd.DataFrame | None:
+        p = self.path / "agents" / host / name
+        return pd.read_csv(p) if p.exists() and p.stat().st_size else None
+
+    def agent_json(self, host: str, name: str) -> dict | None:
+        p = self.path / "agents" / host / name
+        return json.loads(p.read_text()) if p.exists() else None
+
+    @cached_property
+    def packet_log(self) -> pd.DataFrame:
+        """Every receiver's packets.csv (one row per gradient datagram), with `receiver`."""
+        parts = []
+        for host in self.receivers:
+            df = self.agent_csv(host, "packets.csv")
+            if df is not None:
+                parts.append(df.assign(receiver=host))
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """The ps's steps.csv (topology ps), else empty."""
+        if not self.cfg or not self.cfg.get("ps"):
+            return pd.DataFrame()
+        df = self.agent_csv(self.cfg["ps"]["name"], "steps.csv")
+        return df if df is not None else pd.DataFrame()
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        """Every worker's metrics.csv, with `worker` and `rank`."""
+        parts = []
+        for rank, w in enumerate(self.cfg["workers"] if self.cfg else []):
+            df = self.agent_csv(w["name"], "metrics.csv")
+            if df is not None:
+                parts.append(df.assign(worker=w["name"], rank=rank))
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    def layout(self, rank: int) -> dict | None:
+        return self.agent_json(self.cfg["workers"][rank]["name"], "layout.json")
+
+    # -- captures --------------------------------------------------------------------------------
+    def capture(self, host: str) -> pd.DataFrame | None:
+        """All of a host's capture files (rotated ones too), read and concatenated in time."""
+        from analysis import pcap
+
+        def rotation(f: Path) -> str:  # tcpdump -C: NAME.pcap, NAME.pcap1, NAME.pcap2, ...
+            return f.name.removeprefix(f"{host}.pcap")
+
+        files = sorted((f for f in (self.path / "pcaps").glob(f"{host}.pcap*")
+                        if rotation(f) == "" or rotation(f).isdigit()), key=lambda f: int(rotation(f) or 0))
+        if not files:
+            return None
+        port = self.cfg["transport"]["port"] if self.cfg else 47000
+        frames = [pcap.read(f, port=port) for f in files]
+        return pd.concat(frames, ignore_index=True).sort_values("ts_ns", kind="stable") \
+            if len(frames) > 1 else frames[0]
+
+    def capture_stats(self, host: str) -> dict | None:
+        """tcpdump's own counts (per interface) for a host's capture."""
+        p = self.path / "pcaps" / f"{host}.capture.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    # -- the switch --------------------------------------------------------------------------------
+    @cached_property
+    def counters(self) -> dict | None:
+        """Switch counters over the run: after − before, at switch, port and queue level."""
+        b, a = (self.path / "switch" / f"counters_{w}.json" for w in ("before", "after"))
+        if not (b.exists() and a.exists()):
+            return None
+        before, after = json.loads(b.read_text()), json.loads(a.read_text())
+        delta = lambda x, y: {k: v - y.get(k, 0) if "OCCUPANCY" not in k else v for k, v in x.items()}  # noqa: E731
+        return {"switch": delta(after["switch"], before["switch"]),
+                "ports": {p: delta(v, before["ports"].get(p, {})) for p, v in after["ports"].items()},
+                "queues": {p: [delta(q, before["queues"].get(p, [{}] * len(qs))[i]) for i, q in enumerate(qs)]
+                           for p, qs in after["queues"].items()}}
+
+    @cached_property
+    def occupancy(self) -> pd.DataFrame:
+        p = self.path / "switch" / "occupancy.csv"
+        return pd.read_csv(p) if p.exists() and p.stat().st_size else pd.DataFrame()
+
+    @cached_property
+    def profile(self) -> dict | None:
+        import yaml
+
+        files = [f for f in (self.path / "switch").glob("*.yml")]
+        return yaml.safe_load(files[0].read_text()) if files else None
+
+    # -- ground truth and background flows ------------------------------------------------------
+    def truth(self, step: int, rank: int) -> np.ndarray | None:
+        p = self.path / "truth" / f"step{step:06d}-rank{rank}.npy"
+        return np.load(p) if p.exists() else None
+
+    @cached_property
+    def truth_steps(self) -> list[tuple[int, int]]:
+        out = []
+        for f in (self.path / "truth").glob("step*-rank*.npy"):
+            s, r = f.stem.removeprefix("step").split("-rank")
+            out.append((int(s), int(r)))
+        return sorted(out)
+
+    @cached_property
+    def traffic_events(self) -> pd.DataFrame:
+        """Background flows switching on and off: t (s, epoch), flow, event."""
+        rows = []
+        for log in sorted((self.path / "logs").glob("*-traffic*.log")):
+            flow = log.stem.rsplit("-", 1)[-1]
+            for line in log.read_text().splitlines():
+                if line.startswith("{"):
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue
+                    if ev.get("event") in ("on", "off") and "t" in ev:
+                        rows.append({"t": ev["t"], "flow": flow, "event": ev["event"]})
+        return pd.DataFrame(rows, columns=["t", "flow", "event"])
