@@ -1,0 +1,188 @@
+"""Figures: each a function from data (DataFrames, plain values) to a go.Figure; no I/O.
+
+Run report: congestion (queue occupancy and trims over time, background flows marked),
+error_by_bits (true per-packet NMSE against the bits per coordinate that arrived, with the
+codec's theoretical curve), error_by_step, training (loss and accuracy against step and
+wall time). Comparison: training_overlay, accuracy_vs_trim_rate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+TEMPLATE = "plotly_white"
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+def _empty(title: str, why: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=why, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title=title, template=TEMPLATE, height=260,
+                      xaxis={"visible": False}, yaxis={"visible": False})
+    return fig
+
+
+def congestion(occupancy: pd.DataFrame, events: pd.DataFrame | None = None,
+               max_points: int = 4000) -> go.Figure:
+    """Occupancy (bytes) and trims per second of every (port, queue) that saw any traffic
+    or trim, against seconds since the first sample; background flows' on periods shaded."""
+    title = "Congestion: switch queues over time"
+    if occupancy is None or occupancy.empty:
+        return _empty(title, "no occupancy samples (the switch records them on the virtual rack)")
+    occ = occupancy.sort_values("time_s")
+    t0 = occ["time_s"].min()
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("queue occupancy (bytes)", "trims per second"))
+    active = occ.groupby(["port", "queue"]).agg(occ=("PEAK_OCCUPANCY", "max"), tx=("TX_PKTS", "max"),
+                                                trims=("TRIM_PKTS", "max"))
+    active = active[(active["trims"] > 0) | (active["occ"] > 0)].sort_values("occ", ascending=False).head(8)
+    for i, (port, queue) in enumerate(active.index):
+        q = occ[(occ["port"] == port) & (occ["queue"] == queue)]
+        step = max(1, len(q) // max_points)
+        q = q.iloc[::step]
+        t = q["time_s"].to_numpy() - t0
+        color = PALETTE[i % len(PALETTE)]
+        name = f"{port} q{queue}"
+        fig.add_trace(go.Scatter(x=t, y=q["OCCUPANCY"], name=name, legendgroup=name, mode="lines",
+                                 line={"color": color, "width": 1}), row=1, col=1)
+        dt = np.diff(t, prepend=t[0])
+        rate = np.diff(q["TRIM_PKTS"].to_numpy(), prepend=q["TRIM_PKTS"].iloc[0]) / np.where(dt > 0, dt, 1)
+        fig.add_trace(go.Scatter(x=t, y=rate, name=name, legendgroup=name, showlegend=False, mode="lines",
+                                 line={"color": color, "width": 1}), row=2, col=1)
+    if events is not None and not events.empty:
+        for flow, ev in events.sort_values("t").groupby("flow"):
+            on = None
+            for t, kind in zip(ev["t"] - t0, ev["event"]):
+                if kind == "on" and on is None:
+                    on = t
+                elif kind == "off" and on is not None:
+                    fig.add_vrect(x0=on, x1=t, fillcolor="orange", opacity=0.12, line_width=0)
+                    on = None
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="background flow on",
+                                 marker={"color": "orange", "symbol": "square", "opacity": 0.4}))
+    fig.update_xaxes(title_text="seconds since the first sample", row=2, col=1)
+    fig.update_layout(title=title, template=TEMPLATE, height=520, legend={"orientation": "h", "y": -0.15})
+    return fig
+
+
+def error_by_bits(packets: pd.DataFrame, theory: pd.DataFrame) -> go.Figure:
+    """True NMSE of each packet with ground truth against the bits per coordinate that
+    arrived (trimmed and whole packets, lost ones at 0 bits), the median per kept size,
+    and the codec's expected NMSE on Gaussian input (`theory`: bits_per_coord, nmse)."""
+    title = "Trims → error: true per-packet NMSE by bits per coordinate kept"
+    p = packets[packets["nmse"].notna()] if "nmse" in packets else packets.iloc[0:0]
+    if p.empty:
+        return _empty(title, "no packet of a step with saved ground truth (truth.every)")
+    fig = go.Figure()
+    floor = 1e-12  # exact reconstructions plot at the floor of the log axis
+    for label, sel, color in (("whole", ~p["trimmed"] & ~p["dropped"], PALETTE[0]),
+                              ("trimmed", p["trimmed"], PALETTE[1]), ("lost", p["dropped"], "#555")):
+        q = p[sel]
+        if q.empty:
+            continue
+        fig.add_trace(go.Scatter(
+            x=q["bits_per_coord"], y=q["nmse"].clip(lower=floor), mode="markers", name=f"{label} ({len(q)})",
+            marker={"color": color, "size": 5, "opacity": 0.45},
+            customdata=q[["step", "rank", "span", "packet", "recv_len"]].to_numpy(),
+            hovertemplate="step %{customdata[0]} rank %{customdata[1]} span %{customdata[2]} "
+                          "packet %{customdata[3]}<br>%{customdata[4]} bytes, %{x:.2f} bits/coord"
+                          "<br>NMSE %{y:.3g}<extra></extra>"))
+    med = p.groupby(p["bits_per_coord"].round(2))["nmse"].median().clip(lower=floor)
+    fig.add_trace(go.Scatter(x=med.index, y=med.to_numpy(), mode="markers", name="median",
+                             marker={"symbol": "diamond", "size": 10, "color": "black"}))
+    if theory is not None and not theory.empty:
+        fig.add_trace(go.Scatter(x=theory["bits_per_coord"], y=theory["nmse"].clip(lower=floor), mode="lines",
+                                 name="theory (Gaussian input)", line={"color": "black", "dash": "dash"}))
+    fig.update_layout(title=title, template=TEMPLATE, height=460, xaxis_title="bits per coordinate that arrived",
+                      yaxis={"title": "NMSE ‖x̂ − x‖² / ‖x‖² per packet", "type": "log", "exponentformat": "power"})
+    return fig
+
+
+def error_by_step(packets: pd.DataFrame) -> go.Figure:
+    """Per-packet true NMSE by step (steps with ground truth), trimmed packets in red."""
+    title = "Per-packet error by training step"
+    p = packets[packets["nmse"].notna()] if "nmse" in packets else packets.iloc[0:0]
+    if p.empty:
+        return _empty(title, "no packet of a step with saved ground truth (truth.every)")
+    fig = go.Figure()
+    rng = np.random.default_rng(0)  # deterministic jitter: the same run draws the same picture
+    for label, sel, color in (("whole", ~p["trimmed"] & ~p["dropped"], PALETTE[0]),
+                              ("trimmed", p["trimmed"], PALETTE[1]), ("lost", p["dropped"], "#555")):
+        q = p[sel]
+        if q.empty:
+            continue
+        fig.add_trace(go.Scatter(x=q["step"] + rng.uniform(-0.3, 0.3, len(q)), y=q["nmse"].clip(lower=1e-12),
+                                 mode="markers", name=label, marker={"color": color, "size": 5, "opacity": 0.5}))
+    fig.update_layout(title=title, template=TEMPLATE, height=380, xaxis_title="step",
+                      yaxis={"title": "NMSE per packet", "type": "log", "exponentformat": "power"})
+    return fig
+
+
+def training(metrics: pd.DataFrame, steps: pd.DataFrame) -> go.Figure:
+    """Training loss (mean over workers) and test accuracy against step and wall time."""
+    title = "Training"
+    if metrics is None or metrics.empty:
+        return _empty(title, "no worker metrics")
+    m = metrics.groupby("step").agg(loss=("loss", "mean"), t=("t", "max")).reset_index()
+    fig = make_subplots(rows=1, cols=2, specs=[[{"secondary_y": True}, {"secondary_y": True}]],
+                        subplot_titles=("against step", "against wall time (s)"))
+    acc = steps[steps["test_acc"].notna()] if steps is not None and "test_acc" in steps else None
+    for col, x, xacc in ((1, m["step"], acc["step"] if acc is not None else None),
+                         (2, m["t"], acc["t"] if acc is not None else None)):
+        fig.add_trace(go.Scatter(x=x, y=m["loss"], name="training loss", mode="lines", showlegend=col == 1,
+                                 line={"color": PALETTE[0]}), row=1, col=col, secondary_y=False)
+        if acc is not None and len(acc):
+            fig.add_trace(go.Scatter(x=xacc, y=acc["test_acc"], name="test accuracy", mode="lines+markers",
+                                     showlegend=col == 1, line={"color": PALETTE[2]}), row=1, col=col, secondary_y=True)
+    fig.update_yaxes(title_text="loss", secondary_y=False)
+    fig.update_yaxes(title_text="test accuracy", range=[0, 1], secondary_y=True)
+    fig.update_layout(title=title, template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def training_overlay(curves: dict[str, pd.DataFrame]) -> go.Figure:
+    """Test accuracy (or loss) per step of several runs: {label: DataFrame(step, value, what)}."""
+    title = "Training curves, overlaid"
+    if not curves:
+        return _empty(title, "no run has training metrics")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss", "test accuracy"))
+    for i, (label, c) in enumerate(curves.items()):
+        color = PALETTE[i % len(PALETTE)]
+        if "loss" in c and c["loss"].notna().any():
+            fig.add_trace(go.Scatter(x=c["step"], y=c["loss"], name=label, legendgroup=label, mode="lines",
+                                     line={"color": color}), row=1, col=1)
+        a = c[c["test_acc"].notna()] if "test_acc" in c else c.iloc[0:0]
+        if len(a):
+            fig.add_trace(go.Scatter(x=a["step"], y=a["test_acc"], name=label, legendgroup=label,
+                                     showlegend=False, mode="lines+markers", line={"color": color}), row=1, col=2)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title=title, template=TEMPLATE, height=420)
+    return fig
+
+
+def accuracy_vs_trim_rate(results: pd.DataFrame) -> go.Figure:
+    """Final accuracy and time-to-accuracy against the fraction of gradient packets trimmed
+    or dropped, one line per (codec, action)."""
+    title = "Accuracy against trim rate"
+    if results is None or results.empty:
+        return _empty(title, "no results")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("final test accuracy", "steps to target accuracy"))
+    for i, ((codec, action), r) in enumerate(results.sort_values("affected_rate").groupby(["codec", "action"])):
+        color = PALETTE[i % len(PALETTE)]
+        dash = "solid" if action == "trim" else "dot"
+        name = f"{codec}, {action}"
+        fig.add_trace(go.Scatter(x=r["affected_rate"], y=r["final_acc"], name=name, legendgroup=name,
+                                 mode="lines+markers", line={"color": color, "dash": dash},
+                                 text=r["run"], hovertemplate="%{text}<br>rate %{x:.3f}<br>acc %{y:.3f}<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=r["affected_rate"], y=r["steps_to_target"], name=name, legendgroup=name,
+                                 showlegend=False, mode="lines+markers", line={"color": color, "dash": dash},
+                                 text=r["run"]), row=1, col=2)
+    fig.update_xaxes(title_text="fraction of gradient packets trimmed or dropped")
+    fig.update_yaxes(title_text="accuracy", row=1, col=1)
+    fig.update_yaxes(title_text="steps (none: never reached)", row=1, col=2)
+    fig.update_layout(title=title, template=TEMPLATE, height=440)
+    return fig

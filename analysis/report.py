@@ -1,0 +1,227 @@
+"""Reports: one self-contained HTML page per run, and a comparison page for several runs
+or a sweep. plotly.js is inlined once, every figure has a fixed div id, and nothing is
+fetched from the network: the page opens offline from a file:// URL.
+
+    for_run(run_dir)                       # packets.parquet, checks.json, report.html
+    compare([run_or_sweep, ...], out)      # one page comparing the runs
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures, match
+from analysis.rundata import RunData, RunDataError
+from testbed.errors import TrimlabError
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+h1{font-size:1.5em} h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em} td,th{padding:.25em .7em;border-bottom:1px solid #eee;text-align:left}
+th{background:#f5f5f5} .agree{background:#d9f2d9} .explained{background:#fff1c2} .disagree{background:#f8d0d0}
+.n\\/a{background:#eee} .muted{color:#777;font-size:.85em} code{background:#f4f4f4;padding:0 .2em}
+.succeeded{color:#1a7f1a;font-weight:bold} .failed,.running{color:#b00;font-weight:bold}
+"""
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _figure(fig, div_id: str) -> str:
+    import plotly.io as pio
+
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def _table(rows: list[dict], cls: str | None = None, status_key: str | None = None) -> str:
+    if not rows:
+        return "<p class=muted>none</p>"
+    keys = list(rows[0])
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in keys)
+    body = []
+    for r in rows:
+        row_cls = f' class="{html.escape(str(r[status_key]))}"' if status_key else ""
+        body.append(f"<tr{row_cls}>" + "".join(f"<td>{html.escape(_fmt(r[k]))}</td>" for k in keys) + "</tr>")
+    return f'<table{f" id={cls}" if cls else ""}><tr>{head}</tr>{"".join(body)}</table>'
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def _page(title: str, sections: list[tuple[str, str]]) -> str:
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>",
+             f"<style>{CSS}</style><script>{_plotly_js()}</script></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    for heading, content in sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>{content}")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+# -- one run ---------------------------------------------------------------------------------------
+
+def theory_curve(codec, coords: int) -> pd.DataFrame:
+    """The codec's expected per-packet NMSE on Gaussian input against bits per coordinate."""
+    import torch
+
+    full = codec.body_bytes(coords)
+    nbytes = torch.arange(0, full + 1, 4)
+    nmse = codec.expected_nmse(torch.full_like(nbytes, coords), nbytes)
+    return pd.DataFrame({"bits_per_coord": 8.0 * nbytes.numpy() / coords, "nmse": nmse.numpy()})
+
+
+def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
+    """The run's outcome in one flat dict (also a row of a comparison)."""
+    m, spec = run.manifest, run.spec
+    res = m.get("results", {})
+    c = spec.get("congestion", {})
+    out = {"run": run.path.name, "status": m.get("status"), "reason": m.get("reason"),
+           "codec": spec.get("codec", {}).get("name"), "topology": spec.get("topology"),
+           "inject_p": c.get("inject_probability", 0.0), "action": c.get("inject_action", "trim"),
+           "background_flows": len(c.get("background", [])), "steps": spec.get("workload", {}).get("steps"),
+           "final_acc": res.get("test_acc"), "wall_s": res.get("wall_s"),
+           "parameters_identical": res.get("parameters_identical")}
+    sw = res.get("switch", {})
+    out |= {"switch_trims": sw.get("TRIM_PKTS"), "switch_drops": sw.get("DROP_PKTS")}
+    if rows is not None and len(rows):
+        n = len(rows)
+        out |= {"sent": n, "trimmed": int(rows["trimmed"].sum()), "dropped": int(rows["dropped"].sum()),
+                "trimmed_rate": float(rows["trimmed"].mean()), "dropped_rate": float(rows["dropped"].mean())}
+        out["affected_rate"] = out["trimmed_rate"] + out["dropped_rate"]
+        t = rows[rows["trimmed"] & rows["nmse"].notna()]
+        out["median_nmse_trimmed"] = float(t["nmse"].median()) if len(t) else None
+    return out
+
+
+def _summary_html(s: dict, run: RunData) -> str:
+    keys = ["status", "reason", "codec", "topology", "inject_p", "action", "background_flows", "steps",
+            "final_acc", "wall_s", "sent", "trimmed", "dropped", "trimmed_rate", "dropped_rate",
+            "switch_trims", "switch_drops", "median_nmse_trimmed", "parameters_identical"]
+    rows = "".join(f"<tr><th>{k}</th><td class={html.escape(str(s.get(k)))}>{html.escape(_fmt(s.get(k)))}</td></tr>"
+                   for k in keys if k in s)
+    spec = html.escape(json.dumps(run.spec, indent=1))
+    return (f"<table id=summary>{rows}</table><details><summary>resolved spec</summary><pre>{spec}</pre>"
+            f"</details><p class=muted>{html.escape(str(run.path))}</p>")
+
+
+def render_run(run: RunData) -> str:
+    rows, chk, problem = None, [], None
+    try:
+        rows, chk = match.write(run.path)
+    except (TrimlabError, OSError, ValueError, KeyError) as exc:
+        problem = f"the packets of this run could not be matched: {exc}"
+    s = summary(run, rows)
+    sections = [("Summary", _summary_html(s, run) + (f"<p class=disagree>{html.escape(problem)}</p>" if problem else ""))]
+    sections.append(("Congestion", _figure(figures.congestion(run.occupancy, run.traffic_events), "fig-congestion")))
+    if rows is not None:
+        c = run.cfg["codec"]
+        theory = theory_curve(run.codec, c["coords"])
+        sections.append(("Trims → error", _figure(figures.error_by_bits(rows, theory), "fig-error-bits")
+                         + _figure(figures.error_by_step(rows), "fig-error-step")))
+    sections.append(("Training", _figure(figures.training(run.metrics, run.steps), "fig-training")))
+    ok = sum(c["status"] == match.AGREE for c in chk)
+    sections.append((f"Observer agreement ({ok} of {len(chk)} agree)", _table(chk, "checks", "status")))
+    return _page(f"trimlab run {s['run']}", sections)
+
+
+def for_run(path: str | Path, console=None) -> Path:
+    """Match, check and write the report of one run; returns report.html's path."""
+    run = RunData.open(path)
+    out = run.path / "report.html"
+    out.write_text(render_run(run))
+    if console is not None:
+        chk = run.path / "checks.json"
+        agree = json.loads(chk.read_text())["all_agree"] if chk.exists() else False
+        console.print(f"report: {out} (observers {'all agree' if agree else 'disagree: see the table'})")
+    return out
+
+
+# -- several runs ----------------------------------------------------------------------------------
+
+def expand(paths: list[str | Path]) -> list[Path]:
+    """Run directories, with a sweep directory standing for its points."""
+    out = []
+    for p in map(Path, paths):
+        if (p / "sweep.json").exists():
+            out += sorted(d for d in p.iterdir() if d.is_dir() and (d / "manifest.json").exists())
+        elif (p / "manifest.json").exists():
+            out.append(p)
+        else:
+            raise RunDataError(f"{p}: neither a run directory nor a sweep (no manifest.json or sweep.json)")
+    return out
+
+
+def _rows_of(run: RunData) -> pd.DataFrame | None:
+    pq = run.path / "packets.parquet"
+    if pq.exists():
+        return pd.read_parquet(pq)
+    try:
+        return match.write(run.path)[0]
+    except (TrimlabError, OSError, ValueError, KeyError):
+        return None
+
+
+def _curve(run: RunData) -> pd.DataFrame:
+    m = run.metrics
+    if m.empty:
+        return pd.DataFrame(columns=["step", "loss", "test_acc", "t"])
+    c = m.groupby("step").agg(loss=("loss", "mean"), t=("t", "max")).reset_index()
+    st = run.steps
+    if len(st) and "test_acc" in st:
+        c = c.merge(st[["step", "test_acc"]], on="step", how="left")
+    else:
+        c["test_acc"] = float("nan")
+    return c
+
+
+def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """One row per run (summary plus time to target accuracy) and each run's curve. The
+    target is `target_fraction` of the best final accuracy among the runs."""
+    runs = [RunData.open(p) for p in expand(paths)]
+    rows, curves = [], {}
+    for run in runs:
+        rows.append(summary(run, _rows_of(run)))
+        curves[run.path.name] = _curve(run)
+    df = pd.DataFrame(rows)
+    best = df["final_acc"].max() if "final_acc" in df and df["final_acc"].notna().any() else None
+    target = target_fraction * best if best is not None else None
+    to_step, to_s = [], []
+    for name in df["run"]:
+        c = curves[name]
+        hit = c[c["test_acc"] >= target] if target is not None else c.iloc[0:0]
+        to_step.append(int(hit["step"].iloc[0]) if len(hit) else None)
+        to_s.append(float(hit["t"].iloc[0]) if len(hit) else None)
+    df["target_acc"] = target
+    df["steps_to_target"], df["seconds_to_target"] = to_step, to_s
+    if "affected_rate" not in df:
+        df["affected_rate"] = None
+    return df, curves
+
+
+def compare(paths: list[str | Path], out: str | Path) -> Path:
+    df, curves = results(paths)
+    cols = ["run", "status", "codec", "inject_p", "action", "background_flows", "trimmed_rate", "dropped_rate",
+            "final_acc", "steps_to_target", "seconds_to_target", "median_nmse_trimmed", "wall_s"]
+    table = df[[c for c in cols if c in df]].to_dict("records")
+    target = df["target_acc"].iloc[0] if len(df) else None
+    sections = [
+        ("Results", _table(table, "results")
+         + f"<p class=muted>target accuracy: {_fmt(target)} (95 % of the best final accuracy here)</p>"),
+        ("Accuracy against trim rate", _figure(figures.accuracy_vs_trim_rate(df.dropna(subset=["affected_rate"])),
+                                               "fig-acc-trim-rate")),
+        ("Training curves", _figure(figures.training_overlay(curves), "fig-overlay")),
+    ]
+    out = Path(out)
+    out.write_text(_page(f"trimlab comparison of {len(df)} runs", sections))
+    return out
