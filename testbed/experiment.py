@@ -256,9 +256,13 @@ class Execution:
             targets += [(w, self.spec.capture.sender_snaplen) for w in self.p.workers]
         if "ps" in points and self.p.ps:
             targets.append((self.p.ps, 0))
+        flows = len(self.spec.congestion.background)
         for h, snap in targets:
+            # the background flows' sink sees their trims too, so the switch's count can be matched
+            f = bpf if not flows or h is not (self.p.ps or self.p.workers[0]) else \
+                f"{bpf} or portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + flows - 1}"
             argv = [self.p.python(h.name), "-m", "agents.capture", "--iface", h.data_if, "--snaplen",
-                    str(snap), "--out", f"{self.rdir(h.name)}/pcaps", "--name", h.name, "--filter", bpf]
+                    str(snap), "--out", f"{self.rdir(h.name)}/pcaps", "--name", h.name, "--filter", f]
             self.start(h.name, "capture", argv, essential=True, on_line=self._listening(f"cap-{h.name}"))
         if "switch" in points:
             argv = [self.p.python(sw), "-m", "agents.capture", "--snaplen",
@@ -546,6 +550,7 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
     if sweep is not None:
         sweep.record(points=[str(d.relative_to(parent)) for d in dirs])
         sweep.finish("failed" if failures else "succeeded", "; ".join(failures) or None)
+        _report(parent, console, sweep=True)
     if failures:
         raise RunFailed("; ".join(failures) + f" (run directories under {parent})")
     return dirs
@@ -562,10 +567,18 @@ def _summary(spec: ExperimentSpec, r: dict, path: Path) -> str:
             f"  {path}")
 
 
-def _report(path: Path, console) -> None:
-    """The analysis/report entry point, when it exists."""
+def _report(path: Path, console, sweep: bool = False) -> None:
+    """The analysis entry point: a run's report, or a sweep's comparison of its points.
+    A report that cannot be written is said, and does not fail the run."""
+    from analysis import report
+
     try:
-        from analysis import report
-    except ImportError:
-        return
-    report.for_run(path, console=console)
+        if sweep:
+            out = report.compare([path], path / "report.html")
+            if console is not None:
+                console.print(f"sweep report: {out}")
+        else:
+            report.for_run(path, console=console)
+    except (TrimlabError, OSError, ValueError) as exc:
+        if console is not None:
+            console.print(f"[yellow]report for {path} not written:[/] {exc}")

@@ -338,6 +338,9 @@ class ExperimentSpec(_Strict):
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     truth: TruthSpec = Field(default_factory=TruthSpec)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    extra_points: list[dict[str, Any]] = Field(
+        default_factory=list, description="points run after the sweep's product: each maps key paths "
+                                          "to values, applied to this spec")
 
     @model_validator(mode="after")
     def _check(self):
@@ -367,26 +370,34 @@ class ExperimentSpec(_Strict):
         """The sweep's cartesian product, one validated spec each (the spec itself if no sweep)."""
         import itertools
 
-        if not self.sweep:
+        if not self.sweep and not self.extra_points:
             return [self]
-        base = self.model_dump(exclude={"sweep"})
-        out = []
+        base = self.model_dump(exclude={"sweep", "extra_points"})
         keys = list(self.sweep)
-        for i, combo in enumerate(itertools.product(*(self.sweep[k] for k in keys))):
+        combos = [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))] \
+            if keys else [{}]
+        out = []
+        for i, changes in enumerate(combos + self.extra_points):
+            where = f"extra_points[{i - len(combos)}]" if i >= len(combos) else f"sweep point {i}"
             data = copy.deepcopy(base)
-            for k, v in zip(keys, combo):
-                set_path(data, k, v)
-            label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in zip(keys, combo))
+            for k, v in changes.items():
+                try:
+                    set_path(data, k, v)
+                except SpecError as exc:
+                    raise SpecError(f"{where}: {exc}") from None
+            label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in changes.items()) or "base"
             data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.name}-{i:03d}-{label}")[:64]
             try:
                 out.append(validated(ExperimentSpec, data))
             except SpecError as exc:
-                raise SpecError(f"sweep point {i} ({label}): {exc}") from None
+                raise SpecError(f"{where} ({label}): {exc}") from None
         return out
 
 
 def _label(v) -> str:
-    return "_".join(f"{k}{w}" for k, w in v.items()) if isinstance(v, dict) else str(v)
+    if isinstance(v, dict):
+        return "_".join(f"{k}{w}" for k, w in v.items())
+    return str(len(v)) if isinstance(v, list) else str(v)
 
 
 def set_path(data: dict, path: str, value) -> None:
