@@ -109,8 +109,8 @@ def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Serie
             ctx = CodecContext(seed=cfg["seed"], step=step, bucket=b, span=cfg["codec"]["span"],
                                coords=cfg["codec"]["coords"])
             got = np.where(sel["dropped"], -1, sel["recv_len"].fillna(sel["sent_len"]) - wire.HEADER_LEN)
-            e = codec.packet_errors(torch.tensor(g[lo:hi]), ctx, torch.as_tensor(sel["span"].to_numpy()),
-                                    torch.as_tensor(sel["packet"].to_numpy()), torch.as_tensor(got.astype(np.int64)))
+            e = codec.packet_errors(torch.tensor(g[lo:hi]), ctx, torch.tensor(sel["span"].to_numpy()),
+                                    torch.tensor(sel["packet"].to_numpy()), torch.tensor(got.astype(np.int64)))
             energy = e["energy"].numpy()
             nmse.loc[sel.index] = np.where(energy > 0, e["error"].numpy() / np.where(energy > 0, energy, 1), 0.0)
             scale.loc[sel.index] = e["scale"].numpy()

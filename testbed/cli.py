@@ -308,6 +308,27 @@ def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. e
 
 
 @app.command()
+def report(runs: list[str] = typer.Argument(..., help="run directories, or a sweep directory"),
+           out: str = typer.Option(None, "-o", "--out", help="output HTML (default: RUN/report.html for "
+                                   "one run, SWEEP/report.html for a sweep, else ./comparison.html)")):
+    """Write a run's interactive report (packets.parquet, checks.json, report.html), or one
+    page comparing several runs or a sweep's points."""
+    from pathlib import Path
+
+    from analysis import report as rep
+
+    paths = [Path(r) for r in runs]
+    single = len(paths) == 1 and not (paths[0] / "sweep.json").exists()
+    if single and out is None:
+        console.print(f"report: {rep.for_run(paths[0])}")
+        return
+    if out is None:
+        out = str(paths[0] / "report.html") if len(paths) == 1 else "comparison.html"
+    runs_found = rep.expand(paths)
+    console.print(f"comparison of {len(runs_found)} runs: {rep.compare(paths, out)}")
+
+
+@app.command()
 def demo(runs: str = typer.Option("runs", help="directory for run directories")):
     """The default experiment (experiments/default.yaml) on a virtual rack."""
     from pathlib import Path

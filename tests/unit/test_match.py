@@ -1,0 +1,129 @@
+"""Matching: synthetic runs with known trims and drops give the exact per-packet table, and
+every injected discrepancy between the observers is reported as one."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from analysis import match
+from analysis.rundata import RunData
+from testbed import wire
+from testbed.codec import CodecContext, get_codec
+from tests.unit.synthrun import Synth
+
+TRIMS = {(0, 0, 0, 1): 60, (0, 1, 0, 3): 60, (1, 0, 0, 0): 120, (2, 1, 0, 2): 0, (3, 0, 0, 5): 61}
+DROPS = {(1, 1, 0, 4), (2, 0, 0, 0)}
+
+
+def statuses(chk) -> dict[str, str]:
+    return {c["check"]: c["status"] for c in chk}
+
+
+def build(tmp_path, **kw):
+    s = Synth(trims=dict(TRIMS), drops=set(DROPS), **kw)
+    return s, RunData.open(s.write(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("codec", ["embedded", "sign_tail", "fp32"])
+def test_exact_table_and_all_observers_agree(tmp_path, codec):
+    s, run = build(tmp_path, codec=codec, coords=352)
+    rows, chk = match.write(run.path)
+    per_bucket = len(get_codec(codec).encode(torch.zeros(s.numel), CodecContext(span=4096, coords=352)).span)
+    assert len(rows) == s.steps * 2 * per_bucket
+    key = lambda r: (r.step, r.rank, r.span, r.packet)  # noqa: E731
+    assert {key(r) for r in rows[rows["trimmed"]].itertuples()} == set(TRIMS)
+    assert {key(r) for r in rows[rows["dropped"]].itertuples()} == DROPS
+    for r in rows[rows["trimmed"]].itertuples():
+        assert r.recv_len == wire.HEADER_LEN + TRIMS[key(r)] and r.dscp_recv == 48 and r.dscp_sent == 10
+        assert r.planes == min(8 * TRIMS[key(r)] // r.coords, get_codec(codec).planes)
+    whole = rows[~rows["trimmed"] & ~rows["dropped"]]
+    assert (whole["recv_len"] == whole["sent_len"]).all() and ((whole["delay_us"] - 50).abs() < 2).all()
+    assert rows["dropped"].eq(rows["recv_len"].isna()).all()
+    assert (rows.loc[rows["dropped"], "expected_nmse"] == 1.0).all()
+    # true error: steps 0 and 2 have truth; a lost packet lost all of its energy
+    truth = rows[rows["nmse"].notna()]
+    assert set(truth["step"]) == {0, 2}
+    assert np.allclose(truth.loc[truth["dropped"], "nmse"], 1.0)
+    assert (truth.loc[~truth["trimmed"] & ~truth["dropped"], "nmse"] < 1e-5).all()
+    cut = truth[truth["trimmed"]]
+    assert ((cut["nmse"] > 0.05) & (cut["nmse"] <= 1.0 + 1e-9)).all()
+    # the table joins the right truth and length: its NMSE is that packet's error at what arrived
+    step, rank, span, packet, recv_len, nmse = (int(v) if k != "nmse" else v for k, v in
+                                                cut.iloc[0][["step", "rank", "span", "packet", "recv_len", "nmse"]].items())
+    c = get_codec(codec)
+    g = s.gradient(step, rank)
+    ctx = CodecContext(seed=7, step=step, bucket=0, span=4096, coords=352)
+    pk = c.encode(g, ctx)
+    one = ((pk.span == span) & (pk.index == packet)).nonzero()[0, 0]
+    e = c.packet_errors(g, ctx, pk.span[one:one + 1], pk.index[one:one + 1],
+                        torch.tensor([recv_len - wire.HEADER_LEN]))
+    assert np.isclose(nmse, float(e["error"][0] / e["energy"][0]))
+    assert all(v == match.AGREE for v in statuses(chk).values()), chk
+    saved = json.loads((run.path / "checks.json").read_text())
+    assert saved["all_agree"] and len(saved["checks"]) == len(chk)
+    table = pd.read_parquet(run.path / "packets.parquet")
+    assert list(table.columns) == match.COLUMNS and len(table) == len(rows)
+
+
+def test_packet_errors_sum_to_the_bucket_error_without_padding():
+    c = get_codec("embedded")
+    x = torch.randn(8192)  # two whole spans: the rotated-domain error equals the real one
+    ctx = CodecContext(seed=1, step=3, span=4096, coords=512)
+    pk = c.encode(x, ctx)
+    nbytes = pk.length.clone()
+    nbytes[::3] = 64
+    dec = c.decode(pk.truncated(nbytes), ctx, x.numel())
+    e = c.packet_errors(x, ctx, pk.span, pk.index, nbytes)
+    assert np.isclose(float(e["error"].sum()), float(((dec.tensor - x) ** 2).sum()), rtol=1e-4)
+    assert torch.equal(e["scale"].float(), pk.scale)
+
+
+def test_switch_counter_off_by_one_disagrees(tmp_path):
+    _, run = build(tmp_path, switch_trim_error=1)
+    st = statuses(match.match(run)[1])
+    assert st["switch trims = capture (s-ps1)"] == match.DISAGREE
+    assert st["switch trims = ps log (s-ps1)"] == match.DISAGREE
+    assert st["capture = ps log (s-ps1)"] == match.AGREE
+
+
+def test_packet_captured_but_not_logged_disagrees_unless_counted_late(tmp_path):
+    _, run = build(tmp_path, unlogged={(3, 1, 0, 2)})
+    chk = {c["check"]: c for c in match.match(run)[1]}
+    assert chk["capture = ps log (s-ps1)"]["status"] == match.DISAGREE
+    assert "1 captured but not logged" in chk["capture = ps log (s-ps1)"]["detail"]
+    _, run = build(tmp_path / "late", unlogged={(3, 1, 0, 2)}, late=1)
+    assert statuses(match.match(run)[1])["capture = ps log (s-ps1)"] == match.EXPLAINED
+
+
+def test_capture_that_lost_packets_says_so(tmp_path):
+    _, run = build(tmp_path, uncaptured={(0, 0, 0, 1)}, tcpdump_dropped=1)
+    rows, chk = match.match(run)
+    st = statuses(chk)
+    assert st["capture s-ps1"] == match.EXPLAINED
+    assert st["capture = ps log (s-ps1)"] == match.EXPLAINED
+    assert st["switch trims = capture (s-ps1)"] == match.EXPLAINED  # the lost one was a trim
+    r = rows[(rows["step"] == 0) & (rows["rank"] == 0) & (rows["packet"] == 1)].iloc[0]
+    assert r.trimmed and not r.dropped and r.logged and not r.seen_receiver  # the log still saw it
+    _, run = build(tmp_path / "silent", uncaptured={(0, 0, 0, 1)})
+    assert statuses(match.match(run)[1])["capture = ps log (s-ps1)"] == match.DISAGREE
+
+
+def test_wire_that_differs_from_its_truth_disagrees(tmp_path):
+    _, run = build(tmp_path, corrupt_scale=(0, 1, 0, 0))
+    chk = {c["check"]: c for c in match.match(run)[1]}
+    assert chk["truth re-encoding = wire"]["status"] == match.DISAGREE
+    assert chk["truth re-encoding = wire"]["observed"] == chk["truth re-encoding = wire"]["expected"] - 1
+
+
+def test_drop_counter_against_packets_never_received(tmp_path):
+    s = Synth(trims=dict(TRIMS), drops=set(DROPS))
+    run = RunData.open(s.write(tmp_path / "run"))
+    doc = json.loads((run.path / "switch" / "counters_after.json").read_text())
+    doc["ports"]["Ethernet8"]["DROP_PKTS"] += 2
+    (run.path / "switch" / "counters_after.json").write_text(json.dumps(doc))
+    chk = {c["check"]: c for c in match.match(run)[1]}
+    c = chk["switch drops = never received (s-ps1)"]
+    assert c["status"] == match.DISAGREE and (c["expected"], c["observed"]) == (len(DROPS) + 2, len(DROPS))
