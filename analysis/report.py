@@ -41,7 +41,7 @@ def _figure(fig, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def _table(rows: list[dict], cls: str | None = None, status_key: str | None = None) -> str:
+def _table(rows: list[dict], table_id: str | None = None, status_key: str | None = None) -> str:
     if not rows:
         return "<p class=muted>none</p>"
     keys = list(rows[0])
@@ -50,7 +50,8 @@ def _table(rows: list[dict], cls: str | None = None, status_key: str | None = No
     for r in rows:
         row_cls = f' class="{html.escape(str(r[status_key]))}"' if status_key else ""
         body.append(f"<tr{row_cls}>" + "".join(f"<td>{html.escape(_fmt(r[k]))}</td>" for k in keys) + "</tr>")
-    return f'<table{f" id={cls}" if cls else ""}><tr>{head}</tr>{"".join(body)}</table>'
+    attr = f' id="{table_id}"' if table_id else ""
+    return f'<table{attr}><tr>{head}</tr>{"".join(body)}</table>'
 
 
 def _fmt(v) -> str:
@@ -108,10 +109,11 @@ def _summary_html(s: dict, run: RunData) -> str:
     keys = ["status", "reason", "codec", "topology", "inject_p", "action", "background_flows", "steps",
             "final_acc", "wall_s", "sent", "trimmed", "dropped", "trimmed_rate", "dropped_rate",
             "switch_trims", "switch_drops", "median_nmse_trimmed", "parameters_identical"]
-    rows = "".join(f"<tr><th>{k}</th><td class={html.escape(str(s.get(k)))}>{html.escape(_fmt(s.get(k)))}</td></tr>"
+    rows = "".join(f'<tr><th>{k}</th><td class="{html.escape(str(s.get(k)))}">{html.escape(_fmt(s.get(k)))}</td></tr>'
                    for k in keys if k in s)
     spec = html.escape(json.dumps(run.spec, indent=1))
-    return (f"<table id=summary>{rows}</table><details><summary>resolved spec</summary><pre>{spec}</pre>"
+    return (f'<table id="summary">{rows}</table>'
+            f"<details><summary>resolved spec</summary><pre>{spec}</pre>"
             f"</details><p class=muted>{html.escape(str(run.path))}</p>")
 
 

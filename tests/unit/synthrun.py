@@ -65,7 +65,7 @@ class Synth:
         spec = {"name": "synth", "codec": {"name": self.codec}, "topology": "ps", "congestion": {},
                 "workload": {"steps": self.steps}}
         (path / "manifest.json").write_text(json.dumps({"status": "succeeded", "spec": spec, "results": {
-            "test_acc": 0.9, "wall_s": 3.0, "parameters_identical": True}}))
+            "test_acc": 0.5 + 0.1 * (self.steps - 1), "wall_s": 3.0, "parameters_identical": True}}))
         hosts = {h["name"]: {"role": "ps" if h is PS else "worker", "data_if": "eth1", "data_ipv4": h["addr"],
                              "switch_port": h["port"], "ansible_host": f"198.18.0.{20 + i}"}
                  for i, h in enumerate([*WORKERS, PS])}
@@ -143,6 +143,14 @@ class Synth:
             sw.writerow(["step", "t", "test_acc"])
             for step in range(self.steps):
                 sw.writerow([step, 0.1 * step, 0.5 + 0.1 * step])
+        with open(path / "switch" / "occupancy.csv", "w", newline="") as f:  # 10 ms samples of the ps's port
+            ow = csv.writer(f)
+            ow.writerow(["time_s", "port", "queue", "OCCUPANCY", "PEAK_OCCUPANCY", *COUNTERS])
+            for k in range(50):
+                occ = 4000 + 4000 * (k % 10 >= 5)
+                ow.writerow([T0 + 0.01 * k, PS["port"], 1, occ, 8000, 10 * k, 9840 * k, k // 10, k // 10, 0, 0])
+        (path / "logs" / "s-tr1-traffic0.log").write_text("".join(
+            json.dumps({"t": T0 + 0.1 * k, "event": "on" if k % 2 == 0 else "off"}) + "\n" for k in range(4)))
         zero = {k: 0 for k in COUNTERS}
         after_ps = zero | {"TRIM_PKTS": trims, "TRIM_TX_PKTS": trims + self.switch_trim_error, "DROP_PKTS": drops}
         for name, ps_counters in (("before", zero), ("after", after_ps)):

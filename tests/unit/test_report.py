@@ -1,0 +1,75 @@
+"""The run report and the comparison page: self-contained (plotly.js inlined once, nothing
+fetched), fixed div ids, deterministic, every section present; figure functions return
+figures with data."""
+
+import re
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from analysis import figures, report
+from analysis.rundata import RunData, RunDataError
+from tests.unit.synthrun import Synth
+
+FIGURES = ["fig-congestion", "fig-error-bits", "fig-error-step", "fig-training"]
+
+
+def external_refs(page: str) -> list[str]:
+    """http(s) references outside the inlined plotly.js (whose bundle names CDNs for map
+    traces it never loads here)."""
+    rest = page[page.index("</script>"):]
+    return re.findall(r"https?://[^\s\"'<>]+", rest) + re.findall(r"<script[^>]+src=", page)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return Synth(trims={(0, 0, 0, 1): 60, (2, 1, 0, 0): 60}, drops={(1, 0, 0, 2)}).write(tmp_path / "run")
+
+
+def test_run_report_is_self_contained_and_deterministic(run_dir):
+    out = report.for_run(run_dir)
+    page = out.read_text()
+    assert page.count("plotly.js v") == 1 and external_refs(page) == []
+    for div in FIGURES:
+        assert page.count(f'id="{div}"') == 1, div
+    assert 'id="checks"' in page and 'id="summary"' in page
+    assert "disagree" not in re.findall(r'<tr class="([^"]+)"', page)
+    assert (run_dir / "packets.parquet").exists() and (run_dir / "checks.json").exists()
+    assert report.for_run(run_dir).read_text() == page  # same run, same bytes
+
+
+def test_comparison_of_runs_and_sweeps(tmp_path, run_dir):
+    other = Synth(drops={(0, 1, 0, 0), (1, 1, 0, 1)}).write(tmp_path / "sweep" / "p1")
+    (tmp_path / "sweep" / "sweep.json").write_text('["p1"]')
+    assert report.expand([run_dir, tmp_path / "sweep"]) == [run_dir, other]
+    df, curves = report.results([run_dir, tmp_path / "sweep"])
+    assert list(df["run"]) == ["run", "p1"] and set(curves) == {"run", "p1"}
+    assert df.loc[0, "trimmed"] == 2 and df.loc[1, "dropped"] == 2
+    assert df.loc[0, "target_acc"] == pytest.approx(0.95 * 0.8)
+    assert df.loc[0, "steps_to_target"] == 3  # the synthetic ps reaches 0.8 at step 3
+    page = report.compare([run_dir, tmp_path / "sweep"], tmp_path / "cmp.html").read_text()
+    assert page.count("plotly.js v") == 1 and external_refs(page) == []
+    assert 'id="fig-acc-trim-rate"' in page and 'id="fig-overlay"' in page and 'id="results"' in page
+
+
+def test_not_a_run_directory_is_one_clear_error(tmp_path):
+    with pytest.raises(RunDataError, match="no manifest.json"):
+        report.for_run(tmp_path)
+    with pytest.raises(RunDataError, match="neither a run directory nor a sweep"):
+        report.expand([tmp_path])
+
+
+def test_figures_take_data_and_return_figures_with_data(run_dir):
+    report.for_run(run_dir)
+    run = RunData.open(run_dir)
+    rows = pd.read_parquet(run_dir / "packets.parquet")
+    theory = report.theory_curve(run.codec, 480)
+    assert theory["nmse"].is_monotonic_decreasing and theory["nmse"].iloc[0] == pytest.approx(1.0)
+    figs = [figures.congestion(run.occupancy, run.traffic_events), figures.error_by_bits(rows, theory),
+            figures.error_by_step(rows), figures.training(run.metrics, run.steps)]
+    for f in figs:
+        assert isinstance(f, go.Figure) and len(f.data) > 0 and any(t.x is not None and len(t.x) for t in f.data)
+    assert len(figs[0].layout.shapes) == 4  # two background "on" periods, shaded in both panels
+    empty = figures.congestion(pd.DataFrame(), None)
+    assert len(empty.data) == 0 and "no occupancy" in empty.layout.annotations[0].text
