@@ -297,7 +297,8 @@ def write(run_dir: str | Path) -> tuple[pd.DataFrame, list[dict]]:
     run = RunData.open(run_dir)
     rows, chk = match(run)
     rows[COLUMNS].to_parquet(run.path / "packets.parquet", index=False)
-    summary = {"all_agree": all(c["status"] == AGREE for c in chk), "checks": chk}
+    summary = {"all_agree": all(c["status"] == AGREE for c in chk),
+               "disagree": sum(c["status"] == DISAGREE for c in chk), "checks": chk}
     (run.path / "checks.json").write_text(json.dumps(summary, indent=1, default=_jsonable) + "\n")
     return rows, chk
 

@@ -143,10 +143,21 @@ def for_run(path: str | Path, console=None) -> Path:
     out = run.path / "report.html"
     out.write_text(render_run(run))
     if console is not None:
-        chk = run.path / "checks.json"
-        agree = json.loads(chk.read_text())["all_agree"] if chk.exists() else False
-        console.print(f"report: {out} (observers {'all agree' if agree else 'disagree: see the table'})")
+        console.print(f"report: {out} ({observers_line(run.path)})")
     return out
+
+
+def observers_line(run_dir: Path) -> str:
+    """How the observers' checks came out, in a few words."""
+    p = run_dir / "checks.json"
+    if not p.exists():
+        return "packets not matched"
+    chk = json.loads(p.read_text())
+    if chk["all_agree"]:
+        return "observers all agree"
+    if chk["disagree"]:
+        return f"{chk['disagree']} observer checks disagree: see the table"
+    return "observers agree where they can tell; some differences have a known cause: see the table"
 
 
 # -- several runs ----------------------------------------------------------------------------------

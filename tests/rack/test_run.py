@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -88,10 +89,22 @@ def test_sweep_over_topologies_trains_through_trims_with_identical_parameters(tm
         assert sorted(p.name for p in (d / "pcaps").iterdir())[:1]  # captures collected
         assert any((d / "truth").iterdir())
         assert_nothing_left(m["rack_id"], d.name)
+        # the analysis: every observer of every trim agrees, and the report is written
+        checks = json.loads((d / "checks.json").read_text())
+        assert checks["all_agree"], [c for c in checks["checks"] if c["status"] != "agree"]
+        page = (d / "report.html").read_text()
+        assert page.count('<tr class="agree">') == len(checks["checks"]) and 'id="fig-error-bits"' in page
+        rows = pd.read_parquet(d / "packets.parquet")
+        assert rows["step"].nunique() == 20 and rows.groupby(["step", "rank"]).size().nunique() == 1
+        assert rows["seen_sender"].all() and not rows["dropped"].any()
+        assert rows.loc[rows["nmse"].notna(), "step"].isin([0, 5, 10, 15]).all()
     ps = manifest(runs["ps"])["results"]
     # the 2:1 incast into a 4 KiB queue trims; switch, ps log and ps summary agree
     assert ps["switch"]["TRIM_PKTS"] > 0
     assert ps["ps"]["trimmed"] == ps["switch"]["TRIM_TX_PKTS"] == ps_trims(runs["ps"])
+    trimmed = pd.read_parquet(runs["ps"] / "packets.parquet")["trimmed"].sum()
+    assert trimmed == ps["switch"]["TRIM_TX_PKTS"]
+    assert 'id="fig-acc-trim-rate"' in (sweep_dir / "report.html").read_text()  # the sweep's comparison
     pcaps = sorted(p.name for p in (runs["ps"] / "pcaps").iterdir())
     assert any(n.startswith("tl") and "ps1" in n for n in pcaps)
     assert (runs["ps"] / "switch" / "occupancy.csv").stat().st_size > 0
