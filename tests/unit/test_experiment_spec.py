@@ -114,3 +114,22 @@ def test_unreadable_specs(tmp_path):
     (tmp_path / "broken.yaml").write_text("name: [\n")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_experiment(str(tmp_path / "broken.yaml"))
+
+
+def test_paper_sweep_pairs_trim_and_drop_and_adds_a_congestion_point():
+    pts = load_experiment(str(ROOT / "experiments/paper_sweep.yaml")).points()
+    assert len(pts) == 3 * 4 * 2 + 1 and len({p.name for p in pts}) == len(pts)
+    injected = pts[:-1]
+    assert {(p.codec.name, p.congestion.inject_probability, p.congestion.inject_action) for p in injected} == {
+        (c, q, a) for c in ("embedded", "sign_tail", "fp32") for q in (0.0, 0.01, 0.1, 0.5) for a in ("trim", "drop")}
+    last = pts[-1]
+    assert last.congestion.inject_probability == 0 and last.congestion.background
+    assert last.rack.virtual.buffer_bytes == 8192 and injected[0].rack.virtual.buffer_bytes == 4_000_000
+
+
+def test_extra_points_errors_name_the_point():
+    with pytest.raises(SpecError, match=r"extra_points\[0\] \(nope_1\): codec.nope"):
+        spec(extra_points=[{"codec.nope": 1}]).points()
+    with pytest.raises(SpecError, match=r"extra_points\[1\] \(name_zip\): codec.name: must be one of"):
+        spec(extra_points=[{"seed": 2}, {"codec.name": "zip"}]).points()
+    assert [p.seed for p in spec(extra_points=[{"seed": 2}]).points()] == [0, 2]  # the spec itself, then the extra
