@@ -246,6 +246,10 @@ class Node:
         self.completed: dict[tuple, int] = {}  # (src, step, shard) delivered -> its chunk count
         self.collectors: dict[tuple, Collector] = {}
         self.done_steps: set[tuple] = set()  # (step, bucket) already reduced: late packets
+        # packets of a (step, bucket) no collector was opened for yet (a faster peer), kept
+        # for it up to a bound; past the bound they are counted as unexpected
+        self.early: dict[tuple, list[tuple[Datagram, wire.Header]]] = {}
+        self.early_bytes, self.early_max_bytes = 0, 8 << 20
         self.rank_of: dict[str, int] = {}
         self.discarded: collections.Counter = collections.Counter()
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
@@ -294,9 +298,16 @@ class Node:
         if head.job != self.job:
             self.discarded["other_job"] += 1
             return
-        coll = self.collectors.get((head.step, head.bucket))
+        key = (head.step, head.bucket)
+        coll = self.collectors.get(key)
         if coll is None:
-            self.discarded["late" if (head.step, head.bucket) in self.done_steps else "unexpected"] += 1
+            if key in self.done_steps:
+                self.discarded["late"] += 1
+            elif self.early_bytes + len(d.payload) <= self.early_max_bytes:
+                self.early.setdefault(key, []).append((d, head))
+                self.early_bytes += len(d.payload)
+            else:
+                self.discarded["unexpected"] += 1
             return
         if coll.ranks.get(head.rank) != src:
             self.discarded["rank_mismatch"] += 1
@@ -381,6 +392,16 @@ class Node:
                deadline_s: float) -> Collector:
         coll = Collector(self, step, bucket, ranks, numel, deadline_s)
         self.collectors[(step, bucket)] = coll
+        for key in [k for k in self.early if k[0] < step - 1]:  # steps that are over: never collected
+            stale = self.early.pop(key)
+            self.discarded["unexpected"] += len(stale)
+            self.early_bytes -= sum(len(d.payload) for d, _ in stale)
+        for d, head in self.early.pop((step, bucket), []):
+            self.early_bytes -= len(d.payload)
+            if coll.ranks.get(head.rank) != d.src[0]:
+                self.discarded["rank_mismatch"] += 1
+            else:
+                coll.add(d, head)
         return coll
 
     def collect(self, coll: Collector, step_timeout_s: float) -> Collector:

@@ -1,0 +1,209 @@
+"""torch DDP through trimming switches: a communication hook that moves each gradient
+bucket over trimlab's trimmable UDP transport, while torch.distributed (gloo, over the
+management network) keeps rendezvous and control. An existing DDP script adds one line:
+
+    ddp.register_comm_hook(TrimlabState.from_env(), trimlab_hook)
+
+Per bucket: reduce-scatter over trimmable packets (rank k owns the k-th shard of every
+bucket; every other rank sends it that shard with the run's codec), the owner decodes what
+arrived at whatever precision it arrived, averages per coordinate over the contributions
+that arrived (its own is exact), and the averaged shards are all-gathered reliably on the
+control class (agents.protocol's parameter channel), so every rank applies identical
+gradients. CUDA buckets are copied to host memory and back.
+
+Environment: TRIMLAB_CONFIG (the agents' configuration that `trimlab run` writes: codec,
+transport, job, seed, every rank's data address), RANK (torchrun's), and optionally
+TRIMLAB_OUT, a directory for packets.csv, metrics.csv, layout.json, truth/ and final.json,
+the files the native agents write, so the same analysis and report apply.
+"""
+
+
+import atexit
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed
+
+from agents import protocol as P
+from agents.transport import Sender
+from testbed import wire
+from testbed.errors import TrimlabError
+
+TIMEOUTS = {"startup_s": 90.0, "step_s": 30.0, "params_s": 30.0, "give_up_s": 10.0}
+METRIC_FIELDS = ("step", "t", "loss", "grad_norm", "packets", "bytes", "encode_ms", "wait_ms")
+
+
+class HookError(TrimlabError):
+    """The hook cannot start (missing environment, a rank outside the configuration)."""
+
+
+class TrimlabState:
+    """Sockets, codec and logs of one rank; the hook's state."""
+
+    def __init__(self, cfg: dict, rank: int, out: Path | None = None):
+        self.cfg, self.rank = cfg, rank
+        self.world = len(cfg["workers"])
+        if not 0 <= rank < self.world:
+            raise HookError(f"RANK={rank}: the trimlab configuration has ranks 0..{self.world - 1}")
+        t = cfg["transport"]
+        self.addrs = {r: w["addr"] for r, w in enumerate(cfg["workers"])}
+        me = self.addrs[rank]
+        self.others = {r: a for r, a in self.addrs.items() if r != rank}
+        self.node = P.Node(cfg, me, {a: cfg["workers"][r]["name"] for r, a in self.others.items()},
+                           receive_gradients=True)
+        self.senders = {r: Sender(a, t["port"], t["dscp"], rate_bps=t.get("pacing_bps"), bind=me)
+                        for r, a in self.others.items()}
+        self.deadline = t["deadline_ms"] / 1e3
+        self.to = TIMEOUTS | cfg.get("timeouts", {})
+        self.truth_every = cfg.get("truth_every", 0)
+        self.step = 0
+        self.digest = hashlib.sha256()  # of every averaged gradient: equal on all ranks iff identical
+        self.t0 = time.monotonic()
+        self.out = out
+        self.closed = False
+        self._step_stats()
+        self.layouts: list[dict] = []  # per step: wire bucket -> [lo, hi) in the step's gradient
+        if out is not None:
+            (out / "truth").mkdir(parents=True, exist_ok=True)
+            self.plog = P.PacketLog(out / "packets.csv")
+            self.mlog = P.MetricsLog(out / "metrics.csv", METRIC_FIELDS)
+
+    @classmethod
+    def from_env(cls) -> "TrimlabState":
+        path = os.environ.get("TRIMLAB_CONFIG")
+        if not path:
+            raise HookError("TRIMLAB_CONFIG is not set: point it at the agents' configuration "
+                            "(trimlab run sets it; see examples/ddp_train.py)")
+        import torch.distributed as dist
+
+        rank = int(os.environ.get("RANK", dist.get_rank() if dist.is_initialized() else 0))
+        out = os.environ.get("TRIMLAB_OUT")
+        state = cls(P.load_config(path), rank, Path(out) if out else None)
+        if dist.is_initialized():
+            dist.barrier()  # every rank's sockets are bound before anyone sends a gradient
+        atexit.register(state.close)
+        return state
+
+    def _step_stats(self) -> None:
+        self.stats = {"packets": 0, "bytes": 0, "encode_ms": 0.0, "wait_ms": 0.0, "sq": 0.0}
+        self.parts: list[torch.Tensor] = []
+        self.buckets: dict[int, list[int]] = {}
+        self.owners: dict[int, int] = {}
+
+    def wire_bucket(self, index: int, owner: int) -> int:
+        b = index * self.world + owner
+        if b >= 1 << 16:
+            raise HookError(f"bucket {index} of {self.world} ranks needs wire bucket {b}: the header has 16 "
+                            "bits; use fewer, larger DDP buckets (bucket_cap_mb)")
+        return b
+
+    def allreduce(self, grad: torch.Tensor, index: int) -> torch.Tensor:
+        """The mean of `grad` (this rank's bucket `index`) over all ranks."""
+        c, t = self.cfg["codec"], self.cfg["transport"]
+        flat = grad.detach().reshape(-1).to("cpu", torch.float32)
+        numel = flat.numel()
+        bounds = P.shard_bounds(numel, self.world)
+        lo, hi = bounds[self.rank]
+        first = self.step == 0
+        coll = None
+        if hi > lo and self.others:
+            coll = self.node.expect(self.step, self.wire_bucket(index, self.rank), self.others, hi - lo, self.deadline)
+        for o, tx in self.senders.items():
+            s_lo, s_hi = bounds[o]
+            if s_hi == s_lo:
+                continue
+            e0 = time.monotonic()
+            payloads = wire.packetize(flat[s_lo:s_hi], self.node.codec, self.cfg["mtu"], c["coords"], c["span"],
+                                      wire.PacketIds(self.cfg["job"], self.step, self.rank, self.wire_bucket(index, o)),
+                                      self.cfg["seed"], t["ipv6"])
+            self.stats["encode_ms"] += (time.monotonic() - e0) * 1e3
+            tx.send_all(payloads)
+            self.stats["packets"] += len(payloads)
+            self.stats["bytes"] += sum(map(len, payloads))
+        w0 = time.monotonic()
+        mean = flat[lo:hi]
+        if coll is not None:
+            self.node.collect(coll, self.to["startup_s"] if first else self.to["step_s"])
+            red = coll.reduce(local=flat[lo:hi])
+            if self.out is not None:
+                self.plog.write(coll.rows)
+            mean = red.mean
+        dests = list(self.others.values())
+        self.node.broadcast(self.step, self.wire_bucket(index, self.rank), mean, dests,
+                            give_up_s=self.to["startup_s"] if first else self.to["give_up_s"])
+        out = torch.empty(numel, dtype=torch.float32)
+        out[lo:hi] = mean
+        for o, a in self.others.items():
+            s_lo, s_hi = bounds[o]
+            out[s_lo:s_hi] = self.node.wait_params(a, self.step, self.wire_bucket(index, o), s_hi - s_lo,
+                                                   self.to["startup_s"] if first else self.to["params_s"])
+        self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3
+        self.digest.update(out.numpy().tobytes())
+        self._record_bucket(flat, index, bounds)
+        return out.to(grad.device, grad.dtype).view_as(grad)
+
+    def _record_bucket(self, flat: torch.Tensor, index: int, bounds) -> None:
+        """Where this bucket's shards sit in the step's gradient (for layout.json and truth)."""
+        base = sum(p.numel() for p in self.parts)
+        for owner, (lo, hi) in enumerate(bounds):
+            if hi > lo and owner != self.rank:
+                b = self.wire_bucket(index, owner)
+                self.buckets[b] = [base + lo, base + hi]
+                self.owners[b] = owner
+        self.parts.append(flat)
+        self.stats["sq"] += float(flat.double().pow(2).sum())
+
+    def end_step(self) -> None:
+        """After the step's last bucket: metrics, truth, layout; the next step begins."""
+        if self.out is not None:
+            if self.truth_every and self.step % self.truth_every == 0 and self.parts:
+                np.save(self.out / "truth" / f"step{self.step:06d}-rank{self.rank}.npy", torch.cat(self.parts).numpy())
+            s = self.stats
+            self.mlog.write(step=self.step, t=round(time.monotonic() - self.t0, 4), loss="",
+                            grad_norm=round(s["sq"] ** 0.5, 6), packets=s["packets"], bytes=s["bytes"],
+                            encode_ms=round(s["encode_ms"], 2), wait_ms=round(s["wait_ms"], 2))
+            self.layouts.append({"buckets": self.buckets, "owners": self.owners})
+        self.step += 1
+        self._step_stats()
+
+    def close(self) -> None:
+        """Deliver what is still unacknowledged, answer peers' retransmissions for a moment,
+        and write layout.json and final.json. Runs at exit; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.node.flush_broadcasts()
+        except P.ProtocolError:
+            pass  # a peer that already left acknowledged what it needed
+        self.node.drain(1.0)
+        if self.out is None:
+            return
+        self.plog.close()
+        self.mlog.close()
+        last = self.layouts[-1] if self.layouts else {"buckets": {}, "owners": {}}
+        layout = {"numel": sum(v[1] - v[0] for v in last["buckets"].values()), "rank": self.rank,
+                  "topology": "ddp", "buckets": last["buckets"], "owners": last["owners"]}
+        differ = {str(i): lay["buckets"] for i, lay in enumerate(self.layouts) if lay["buckets"] != last["buckets"]}
+        if differ:  # DDP rebuilds its buckets after the first step
+            layout["buckets_by_step"] = differ
+            layout["owners_by_step"] = {str(i): self.layouts[i]["owners"] for i in map(int, differ)}
+        (self.out / "layout.json").write_text(json.dumps(layout, indent=1) + "\n")
+        final = {"role": "worker", "rank": self.rank, "steps": self.step, "checksum": self.digest.hexdigest()[:16],
+                 "test_acc": None, "wall_s": time.monotonic() - self.t0, "discarded": dict(self.node.discarded)}
+        (self.out / "final.json").write_text(json.dumps(final, indent=2) + "\n")
+
+
+def trimlab_hook(state: TrimlabState, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's gradients averaged over every rank through the
+    trimmable transport (the step's work is done here; the future is already complete)."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(state.allreduce(bucket.buffer(), bucket.index()))
+    if bucket.is_last():
+        state.end_step()
+    return fut

@@ -1,0 +1,66 @@
+"""A plain torch DDP training script: an MLP on scikit-learn's digits (shipped with the
+package, no download), SGD with momentum, gloo for rendezvous. It runs under torchrun or
+`trimlab run experiments/ddp.yaml`, which sets torchrun's environment on every worker.
+The one trimlab line is the comm hook; `--comm allreduce` runs DDP's own gloo all-reduce.
+
+    torchrun --nproc-per-node 4 examples/ddp_train.py --steps 50
+"""
+
+import argparse
+import hashlib
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--comm", choices=["trimlab", "allreduce"], default="trimlab")
+    ap.add_argument("--save", help="save the final parameters here ({rank} is replaced)")
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    rank = dist.get_rank()
+    torch.manual_seed(args.seed)
+    d = load_digits()
+    x, y = torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
+    cut = int(0.8 * len(x))
+    (xtr, ytr), (xte, yte) = (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    ddp = DDP(model)
+    if args.comm == "trimlab":
+        from agents.ddp_hook import TrimlabState, trimlab_hook
+        ddp.register_comm_hook(TrimlabState.from_env(), trimlab_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    g = torch.Generator().manual_seed(1000 * args.seed + rank)  # each rank its own batches
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        idx = torch.randint(len(xtr), (args.batch,), generator=g)
+        loss = nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(json.dumps({"event": "step", "role": "worker", "rank": rank, "step": step,
+                          "loss": round(loss.item(), 5), "step_s": round(time.perf_counter() - t0, 5)}), flush=True)
+    with torch.no_grad():
+        acc = float((model(xte).argmax(1) == yte).float().mean())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    print(json.dumps({"event": "done", "rank": rank, "test_acc": round(acc, 5),
+                      "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}), flush=True)
+    if args.save:
+        torch.save(model.state_dict(), args.save.format(rank=rank))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
