@@ -49,6 +49,14 @@ def _layout_rows(codec, numel: int, cfg: dict, bucket: int) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def step_buckets(lay: dict, step: int) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """A worker's buckets in `step` (wire bucket -> [lo, hi) of its gradient) and their owners
+    (the DDP hook writes both, and the buckets of steps before DDP rebuilt them)."""
+    buckets = lay.get("buckets_by_step", {}).get(str(step), lay["buckets"])
+    owners = lay.get("owners_by_step", {}).get(str(step), lay.get("owners", {}))
+    return {int(k): v for k, v in buckets.items()}, {int(k): int(v) for k, v in owners.items()}
+
+
 def sent_packets(run: RunData) -> pd.DataFrame:
     """Every gradient packet the workers sent, by the layout and the steps they reported."""
     cfg = run.cfg
@@ -60,14 +68,20 @@ def sent_packets(run: RunData) -> pd.DataFrame:
         steps = np.sort(m.loc[m["rank"] == rank, "step"].unique()) if len(m) else np.zeros(0, dtype=int)
         if lay is None or not len(steps):
             continue
-        for b, (lo, hi) in ((int(k), v) for k, v in lay["buckets"].items()):
-            if cfg["topology"] == "sharded" and b == rank:
-                continue  # an owner's own shard never crosses the network
-            receiver = cfg["workers"][b]["name"] if cfg["topology"] == "sharded" else cfg["ps"]["name"]
-            one = _layout_rows(codec, hi - lo, cfg, b)
-            rows = one.loc[np.tile(one.index, len(steps))].reset_index(drop=True)
-            rows.insert(0, "step", np.repeat(steps, len(one)))
-            parts.append(rows.assign(rank=rank, bucket=b, sender=w["name"], receiver=receiver))
+        by_layout: dict[str, list[int]] = {}  # steps that share a bucket layout
+        for step in steps:
+            by_layout.setdefault(json.dumps(step_buckets(lay, int(step))), []).append(int(step))
+        for key, group in by_layout.items():
+            buckets, owners = (({int(k): v for k, v in d.items()}) for d in json.loads(key))
+            for b, (lo, hi) in buckets.items():
+                owner = owners.get(b, b) if cfg["topology"] == "sharded" else None
+                if owner == rank:
+                    continue  # an owner's own shard never crosses the network
+                receiver = cfg["workers"][owner]["name"] if owner is not None else cfg["ps"]["name"]
+                one = _layout_rows(codec, hi - lo, cfg, b)
+                rows = one.loc[np.tile(one.index, len(group))].reset_index(drop=True)
+                rows.insert(0, "step", np.repeat(group, len(one)))
+                parts.append(rows.assign(rank=rank, bucket=b, sender=w["name"], receiver=receiver))
     if not parts:
         return pd.DataFrame(columns=[*KEY, "coords", "sender", "receiver"])
     out = pd.concat(parts, ignore_index=True)
@@ -102,7 +116,7 @@ def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Serie
         lay = run.layout(rank) if rank < len(cfg["workers"]) else None
         if g is None or lay is None:
             continue
-        for b, (lo, hi) in ((int(k), v) for k, v in lay["buckets"].items()):
+        for b, (lo, hi) in step_buckets(lay, step)[0].items():
             sel = rows[(rows["step"] == step) & (rows["rank"] == rank) & (rows["bucket"] == b)]
             if sel.empty:
                 continue

@@ -260,6 +260,16 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
     print(json.dumps(result, indent=None if as_json else 2))
 
 
+@bench_app.command("ddp")
+def bench_ddp(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
+              quick: bool = typer.Option(False, help="12 steps, one round")):
+    """Step time of a DDP script with trimlab's comm hook vs gloo all-reduce, on a virtual rack."""
+    from bench.ddp import run
+
+    result = run(quick=quick)
+    print(json.dumps(result, indent=None if as_json else 2))
+
+
 @app.command()
 def provision(inventory: str = typer.Option(None, "-i", "--inventory", help="Ansible YAML inventory "
                                             "(default: the running virtual rack)"),

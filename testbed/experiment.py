@@ -28,6 +28,12 @@ from testbed.spec import ExperimentSpec, load_experiment, load_profile
 
 REMOTE_ROOT = "/var/tmp/trimlab"
 TRAFFIC_PORT = 48000
+DDP_PORT = 29500  # torch.distributed's rendezvous at rank 0, on the management network
+EXAMPLE_DDP_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+
+
+def ddp_script(spec: ExperimentSpec) -> str:
+    return spec.workload.script or str(EXAMPLE_DDP_SCRIPT)
 
 
 class RunFailed(TrimlabError):
@@ -192,6 +198,7 @@ class Execution:
         self.fleet: remote.Fleet | None = None
         self.progress = {"step": -1, "loss": None, "trimmed": 0, "acc": None}
         self.listening: dict[str, threading.Event] = {}
+        self.script_results: dict[int, dict] = {}  # rank -> the DDP script's "done" line
         self.t0 = time.monotonic()
 
     def rdir(self, host: str) -> str:
@@ -200,9 +207,9 @@ class Execution:
     def session(self, host: str) -> remote.Session:
         return self.fleet.sessions[host]
 
-    def start(self, host: str, kind: str, argv: list[str], essential: bool, on_line=None) -> Agent:
+    def start(self, host: str, kind: str, argv: list[str], essential: bool, on_line=None, env=None) -> Agent:
         log = self.run.path / "logs" / f"{host}-{kind}.log"
-        a = Agent(host, kind, self.session(host).start(argv, log=log, on_line=on_line), essential)
+        a = Agent(host, kind, self.session(host).start(argv, env=env, log=log, on_line=on_line), essential)
         self.agents.append(a)
         return a
 
@@ -310,6 +317,9 @@ class Execution:
             ev = json.loads(line)
         except ValueError:
             return
+        if ev.get("event") == "done" and "test_acc" in ev and "rank" in ev:  # a DDP script's own result
+            self.script_results[ev["rank"]] = ev
+            return
         if ev.get("event") != "step":
             return
         if ev.get("role") == "ps":
@@ -321,6 +331,8 @@ class Execution:
             self.progress["loss"] = ev["loss"]
 
     def start_training(self) -> None:
+        if self.spec.workload.kind == "ddp":
+            return self.start_ddp()
         for rank, w in enumerate(self.p.workers):
             self.start(w.name, "worker", [self.p.python(w.name), "-m", "agents.worker", "--config",
                                           f"{self.rdir(w.name)}/agent.json", "--rank", str(rank),
@@ -331,6 +343,22 @@ class Execution:
                                               "--config", f"{self.rdir(self.p.ps.name)}/agent.json",
                                               "--out", self.rdir(self.p.ps.name)],
                        essential=True, on_line=self._on_agent_line)
+
+    def start_ddp(self) -> None:
+        """The DDP script on every worker with torchrun's environment; gloo meets on the
+        management network at rank 0, gradients go through the switch via the comm hook."""
+        wl = self.spec.workload
+        world = len(self.p.workers)
+        master = self.p.hosts[self.p.workers[0].name].address
+        for rank, w in enumerate(self.p.workers):
+            env = {"MASTER_ADDR": master, "MASTER_PORT": str(DDP_PORT), "RANK": str(rank), "WORLD_SIZE": str(world),
+                   "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "TRIMLAB_CONFIG": f"{self.rdir(w.name)}/agent.json",
+                   "TRIMLAB_OUT": self.rdir(w.name)}
+            if self.p.rack.virtual:
+                env["GLOO_SOCKET_IFNAME"] = "eth0"  # the management port of every virtual host
+            argv = [self.p.python(w.name), ddp_script(self.spec), "--steps", str(wl.steps), "--batch", str(wl.batch),
+                    "--lr", str(wl.lr), "--seed", str(self.spec.seed), "--comm", "trimlab"]
+            self.start(w.name, "worker", argv, essential=True, on_line=self._on_agent_line, env=env)
 
     def check_agents(self) -> None:
         """A training or capture agent that exited with an error fails the run now."""
@@ -411,6 +439,9 @@ class Execution:
             b, a = json.loads(before.read_text())["switch"], json.loads(after.read_text())["switch"]
             out["switch"] = {k: a[k] - b[k] for k in a}
         workers = {n: f for n, f in finals.items() if f.get("role") == "worker"}
+        for f in workers.values():  # the DDP hook knows gradients, the script its accuracy
+            if f.get("test_acc") is None and f.get("rank") in self.script_results:
+                f["test_acc"] = self.script_results[f["rank"]]["test_acc"]
         out["workers"] = {n: {"test_acc": f["test_acc"], "checksum": f["checksum"]} for n, f in workers.items()}
         checksums = {f["checksum"] for f in finals.values()}
         out["parameters_identical"] = len(checksums) == 1 and len(workers) == len(self.p.workers)
@@ -487,6 +518,8 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
     lab = inv.load(inventory) if inventory else None
     for pt in points:  # everything validated before anything is touched
         check_profile(pt, lab)
+        if pt.workload.kind == "ddp" and lab is None and not Path(ddp_script(pt)).is_file():
+            raise SpecError(f"workload.script={ddp_script(pt)}: no such file")
         packet_coords(pt, int(lab.vars.get("data_mtu", 1500)) if lab else pt.rack.virtual.mtu)
         if lab is not None:
             place(lab, pt)
@@ -561,7 +594,7 @@ def _summary(spec: ExperimentSpec, r: dict, path: Path) -> str:
     ps = r.get("ps", {})
     acc = r.get("test_acc")
     return (f"[green]run {spec.name} succeeded[/] in {r['wall_s']:.1f} s: test accuracy "
-            f"{acc:.3f}, switch trims {sw.get('TRIM_PKTS', '-')}, drops {sw.get('DROP_PKTS', '-')}, "
+            f"{'-' if acc is None else format(acc, '.3f')}, switch trims {sw.get('TRIM_PKTS', '-')}, drops {sw.get('DROP_PKTS', '-')}, "
             f"ps saw {ps.get('trimmed', '-')} trimmed of {ps.get('received', '-')} packets "
             f"({ps.get('missing', '-')} missing); parameters identical: {r['parameters_identical']}\n"
             f"  {path}")

@@ -231,7 +231,7 @@ class RackSpec(_Strict):
 
 
 class WorkloadSpec(_Strict):
-    kind: Literal["digits", "synthetic", "custom"] = "digits"
+    kind: Literal["digits", "synthetic", "custom", "ddp"] = "digits"
     model: Literal["mlp", "cnn"] = "mlp"
     steps: int = Field(100, ge=1, le=1_000_000)
     batch: int = Field(64, ge=1, le=65536)
@@ -240,9 +240,13 @@ class WorkloadSpec(_Strict):
     eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
     factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
     dataset: str | None = Field(None, description="custom: path to a local dataset")
+    script: str | None = Field(None, description="ddp: a torch DDP script that registers trimlab's comm "
+                                                 "hook (default: examples/ddp_train.py), the same path on every host")
 
     @model_validator(mode="after")
     def _custom(self):
+        if self.script and self.kind != "ddp":
+            raise SpecError("workload.script only applies to workload.kind=ddp")
         if self.kind == "custom" and not (self.factory and self.dataset):
             raise SpecError("workload.kind=custom needs workload.factory (module:function) and "
                             "workload.dataset (a local path)")
@@ -362,6 +366,9 @@ class ExperimentSpec(_Strict):
         if self.congestion.background and self.rack.virtual and not self.rack.virtual.traffic_hosts:
             raise SpecError("congestion.background: needs rack.virtual.traffic_hosts >= 1 (the host "
                             "that sends the flows)")
+        if self.workload.kind == "ddp" and self.topology != "sharded":
+            raise SpecError("workload.kind=ddp: set topology: sharded (the DDP hook reduce-scatters every "
+                            "bucket among the workers; there is no ps)")
         if self.topology == "sharded" and self.rack.virtual and self.rack.virtual.workers < 2:
             raise SpecError("topology=sharded: needs rack.virtual.workers >= 2")
         return self
