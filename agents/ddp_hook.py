@@ -105,8 +105,12 @@ class TrimlabState:
     def allreduce(self, grad: torch.Tensor, index: int) -> torch.Tensor:
         """The mean of `grad` (this rank's bucket `index`) over all ranks."""
         c, t = self.cfg["codec"], self.cfg["transport"]
-        flat = grad.detach().reshape(-1).to("cpu", torch.float32)
-        numel = flat.numel()
+        numel = grad.numel()
+        if grad.is_cuda:  # one copy into page-locked host memory, where the sockets read
+            flat = torch.empty(numel, dtype=torch.float32, pin_memory=True)
+            flat.copy_(grad.detach().reshape(-1))
+        else:
+            flat = grad.detach().reshape(-1).to(torch.float32)
         bounds = P.shard_bounds(numel, self.world)
         lo, hi = bounds[self.rank]
         first = self.step == 0

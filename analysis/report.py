@@ -56,7 +56,7 @@ def _table(rows: list[dict], table_id: str | None = None, status_key: str | None
 
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return "-" if v != v else f"{v:.4g}"  # NaN: nothing to say
     return "-" if v is None else str(v)
 
 
@@ -87,7 +87,7 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     m, spec = run.manifest, run.spec
     res = m.get("results", {})
     c = spec.get("congestion", {})
-    out = {"run": run.path.name, "status": m.get("status"), "reason": m.get("reason"),
+    out = {"run": m.get("name", run.path.name), "status": m.get("status"), "reason": m.get("reason"),
            "codec": spec.get("codec", {}).get("name"), "topology": spec.get("topology"),
            "inject_p": c.get("inject_probability", 0.0), "action": c.get("inject_action", "trim"),
            "background_flows": len(c.get("background", [])), "steps": spec.get("workload", {}).get("steps"),
@@ -204,8 +204,11 @@ def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.
     runs = [RunData.open(p) for p in expand(paths)]
     rows, curves = [], {}
     for run in runs:
-        rows.append(summary(run, _rows_of(run)))
-        curves[run.path.name] = _curve(run)
+        row = summary(run, _rows_of(run))
+        if row["run"] in curves:  # the same spec run twice: tell them apart by directory
+            row["run"] = run.path.name
+        rows.append(row)
+        curves[row["run"]] = _curve(run)
     df = pd.DataFrame(rows)
     best = df["final_acc"].max() if "final_acc" in df and df["final_acc"].notna().any() else None
     target = target_fraction * best if best is not None else None
@@ -229,11 +232,11 @@ def compare(paths: list[str | Path], out: str | Path) -> Path:
     table = df[[c for c in cols if c in df]].to_dict("records")
     target = df["target_acc"].iloc[0] if len(df) else None
     sections = [
-        ("Results", _table(table, "results")
-         + f"<p class=muted>target accuracy: {_fmt(target)} (95 % of the best final accuracy here)</p>"),
         ("Accuracy against trim rate", _figure(figures.accuracy_vs_trim_rate(df.dropna(subset=["affected_rate"])),
                                                "fig-acc-trim-rate")),
         ("Training curves", _figure(figures.training_overlay(curves), "fig-overlay")),
+        ("Results", f'<div style="overflow-x:auto">{_table(table, "results")}</div>'
+         + f"<p class=muted>target accuracy: {_fmt(target)} (95 % of the best final accuracy here)</p>"),
     ]
     out = Path(out)
     out.write_text(_page(f"trimlab comparison of {len(df)} runs", sections))
