@@ -40,7 +40,8 @@ def _train(st, cfg_path: Path, comm: str, steps: int, out: Path) -> dict:
     for rank, h in enumerate(workers):
         env = os.environ | {"MASTER_ADDR": workers[0].data_ipv4, "MASTER_PORT": str(MASTER_PORT),
                             "RANK": str(rank), "WORLD_SIZE": str(len(workers)), "LOCAL_RANK": "0",
-                            "GLOO_SOCKET_IFNAME": "eth1", "TRIMLAB_CONFIG": str(cfg_path)}
+                            "GLOO_SOCKET_IFNAME": "eth1", "TRIMLAB_CONFIG": str(cfg_path),
+                            "OMP_NUM_THREADS": "1"}  # 4 ranks share the cores: no oversubscription
         procs.append(subprocess.Popen(["ip", "netns", "exec", h.ns, sys.executable, str(SCRIPT), "--steps", str(steps),
                                        "--comm", comm, "--seed", "2", "--save", str(out / f"{comm}-{{rank}}.pt")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

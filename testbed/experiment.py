@@ -354,8 +354,8 @@ class Execution:
             env = {"MASTER_ADDR": master, "MASTER_PORT": str(DDP_PORT), "RANK": str(rank), "WORLD_SIZE": str(world),
                    "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "TRIMLAB_CONFIG": f"{self.rdir(w.name)}/agent.json",
                    "TRIMLAB_OUT": self.rdir(w.name)}
-            if self.p.rack.virtual:
-                env["GLOO_SOCKET_IFNAME"] = "eth0"  # the management port of every virtual host
+            if self.p.rack.virtual:  # every virtual host shares this machine's cores
+                env |= {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
             argv = [self.p.python(w.name), ddp_script(self.spec), "--steps", str(wl.steps), "--batch", str(wl.batch),
                     "--lr", str(wl.lr), "--seed", str(self.spec.seed), "--comm", "trimlab"]
             self.start(w.name, "worker", argv, essential=True, on_line=self._on_agent_line, env=env)
