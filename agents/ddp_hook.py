@@ -138,12 +138,15 @@ class TrimlabState:
                 self.plog.write(coll.rows)
             mean = red.mean
         dests = list(self.others.values())
-        self.node.broadcast(self.step, self.wire_bucket(index, self.rank), mean, dests,
-                            give_up_s=self.to["startup_s"] if first else self.to["give_up_s"])
+        if hi > lo:  # a bucket smaller than the world leaves some ranks no shard
+            self.node.broadcast(self.step, self.wire_bucket(index, self.rank), mean, dests,
+                                give_up_s=self.to["startup_s"] if first else self.to["give_up_s"])
         out = torch.empty(numel, dtype=torch.float32)
         out[lo:hi] = mean
         for o, a in self.others.items():
             s_lo, s_hi = bounds[o]
+            if s_hi == s_lo:
+                continue
             out[s_lo:s_hi] = self.node.wait_params(a, self.step, self.wire_bucket(index, o), s_hi - s_lo,
                                                    self.to["startup_s"] if first else self.to["params_s"])
         self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3

@@ -82,3 +82,42 @@ def test_from_env_errors(monkeypatch):
         TrimlabState.from_env()
     with pytest.raises(HookError, match="RANK=5: the trimlab configuration has ranks 0..2"):
         TrimlabState(config(3, 41), 5)
+
+
+def test_buckets_of_any_size_average_exactly_enough(tmp_path):
+    """Three ranks (threads, each its own sockets) reduce buckets of 1, 2, 5 and 70 000
+    coordinates: every rank gets the same mean, close to the exact one (untrimmed codec)."""
+    import threading
+
+    cfg = config(3, 42)
+    states = [TrimlabState(cfg, r, tmp_path / f"w{r + 1}") for r in range(3)]
+    sizes = [1, 2, 5, 70_000]
+    grads = {(r, i): torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i))
+             for r in range(3) for i, n in enumerate(sizes)}
+    out: dict = {}
+    errors = []
+
+    def rank(r):
+        try:
+            for i in range(len(sizes)):
+                out[(r, i)] = states[r].allreduce(grads[(r, i)], i)
+            states[r].end_step()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for i, n in enumerate(sizes):
+        exact = sum(grads[(r, i)] for r in range(3)) / 3
+        assert torch.equal(out[(0, i)], out[(1, i)]) and torch.equal(out[(1, i)], out[(2, i)])
+        assert float((out[(0, i)] - exact).norm() / exact.norm()) < 1e-3, n
+    for s in states:
+        s.close()
+    layout = json.loads((tmp_path / "w1" / "layout.json").read_text())
+    # wire bucket = index × 3 + owner, for the shards rank 0 sends; shard_bounds leaves the
+    # first ranks empty in a bucket smaller than the world: nothing is sent for those
+    assert layout["owners"] == {"2": 2, "4": 1, "5": 2, "7": 1, "8": 2, "10": 1, "11": 2}
