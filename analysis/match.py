@@ -221,8 +221,10 @@ def _trims_on_port(run: RunData, host: str, cap: pd.DataFrame | None) -> int | N
         return None
     if not flows:
         return 0
+    from testbed.experiment import TRAFFIC_PORT
+
     trim_dscp = prof.get("dscp")
-    ports = {48000 + i for i, f in enumerate(flows) if f.get("dscp") != trim_dscp}
+    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.get("dscp") != trim_dscp}
     sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & (cap["dscp"] == trim_dscp)
     return int(sel.sum())
 

@@ -84,15 +84,20 @@ def test_from_env_errors(monkeypatch):
         TrimlabState(config(3, 41), 5)
 
 
-def test_buckets_of_any_size_average_exactly_enough(tmp_path):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA where a GPU exists
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_buckets_of_any_size_average_exactly_enough(tmp_path, device):
     """Three ranks (threads, each its own sockets) reduce buckets of 1, 2, 5 and 70 000
-    coordinates: every rank gets the same mean, close to the exact one (untrimmed codec)."""
+    coordinates: every rank gets the same mean, on the bucket's device, close to the exact
+    one (untrimmed codec)."""
     import threading
 
     cfg = config(3, 42)
     states = [TrimlabState(cfg, r, tmp_path / f"w{r + 1}") for r in range(3)]
     sizes = [1, 2, 5, 70_000]
-    grads = {(r, i): torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i))
+    grads = {(r, i): torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)).to(device)
              for r in range(3) for i, n in enumerate(sizes)}
     out: dict = {}
     errors = []
@@ -113,6 +118,7 @@ def test_buckets_of_any_size_average_exactly_enough(tmp_path):
     assert not errors, errors
     for i, n in enumerate(sizes):
         exact = sum(grads[(r, i)] for r in range(3)) / 3
+        assert out[(0, i)].device.type == device
         assert torch.equal(out[(0, i)], out[(1, i)]) and torch.equal(out[(1, i)], out[(2, i)])
         assert float((out[(0, i)] - exact).norm() / exact.norm()) < 1e-3, n
     for s in states:
