@@ -138,8 +138,8 @@ def _records_pcapng(buf: np.ndarray, size: int):
     raw_type = _rows(buf, offs, 4)
     shb = np.flatnonzero(_uint(raw_type, "<") == PCAPNG_SHB)
     out = []
-    for i, first in enumerate(shb):  # sections (normally one): own byte order, own interfaces
-        sec = offs[first:shb[i + 1] if i + 1 < len(shb) else len(offs)]
+    for k, first in enumerate(shb):  # sections (normally one): own byte order, own interfaces
+        sec = offs[first:shb[k + 1] if k + 1 < len(shb) else len(offs)]
         order = ">" if buf[sec[0] + 8] == 0x1A else "<"
         btype = _uint(_rows(buf, sec, 4), order)
         ifaces = [_interface(buf, int(o), order) for o in sec[btype == 1]]
@@ -161,7 +161,7 @@ def _records_pcapng(buf: np.ndarray, size: int):
 
 def _interface(buf: np.ndarray, n: int, order: str) -> tuple[int, int]:
     """(linktype, ns per timestamp tick) of an interface description block."""
-    raw = buf[n:n + int(_uint(_rows(buf, np.array([n + 4]), 4), order)[0])].tobytes()
+    raw = buf[n:n + struct.unpack(order + "I", buf[n + 4:n + 8].tobytes())[0]].tobytes()
     link = struct.unpack_from(order + "H", raw, 8)[0]
     ns, p = 1_000, 16  # default resolution: microseconds
     while p + 4 <= len(raw) - 4:

@@ -109,8 +109,10 @@ def _summary_html(s: dict, run: RunData) -> str:
     keys = ["status", "reason", "codec", "topology", "inject_p", "action", "background_flows", "steps",
             "final_acc", "wall_s", "sent", "trimmed", "dropped", "trimmed_rate", "dropped_rate",
             "switch_trims", "switch_drops", "median_nmse_trimmed", "parameters_identical"]
-    rows = "".join(f'<tr><th>{k}</th><td class="{html.escape(str(s.get(k)))}">{html.escape(_fmt(s.get(k)))}</td></tr>'
-                   for k in keys if k in s)
+    def cls(k):  # the run's status is coloured
+        return f' class="{html.escape(str(s[k]))}"' if k == "status" else ""
+
+    rows = "".join(f"<tr><th>{k}</th><td{cls(k)}>{html.escape(_fmt(s.get(k)))}</td></tr>" for k in keys if k in s)
     spec = html.escape(json.dumps(run.spec, indent=1))
     return (f'<table id="summary">{rows}</table>'
             f"<details><summary>resolved spec</summary><pre>{spec}</pre>"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed import wire
 from testbed.errors import TrimlabError
 
 
@@ -125,7 +126,7 @@ class RunData:
                         if rotation(f) == "" or rotation(f).isdigit()), key=lambda f: int(rotation(f) or 0))
         if not files:
             return None
-        port = self.cfg["transport"]["port"] if self.cfg else 47000
+        port = self.cfg["transport"]["port"] if self.cfg else wire.DEFAULT_PORT
         frames = [pcap.read(f, port=port) for f in files]
         return pd.concat(frames, ignore_index=True).sort_values("ts_ns", kind="stable") \
             if len(frames) > 1 else frames[0]

@@ -56,6 +56,11 @@ class Placement:
     def addr(self, h: inv.HostEntry, ipv6: bool) -> str:
         return h.vars["data_ipv6" if ipv6 else "data_ipv4"]
 
+    @property
+    def sink(self) -> inv.HostEntry:
+        """Where background flows go: the ps's port (the incast's), else the first worker's."""
+        return self.ps or self.workers[0]
+
     def python(self, name: str) -> str:
         v = self.rack.vars | self._vars(name)
         return v.get("trimlab_python", "/opt/trimlab/venv/bin/python")
@@ -266,7 +271,7 @@ class Execution:
         flows = len(self.spec.congestion.background)
         for h, snap in targets:
             # the background flows' sink sees their trims too, so the switch's count can be matched
-            f = bpf if not flows or h is not (self.p.ps or self.p.workers[0]) else \
+            f = bpf if not flows or h is not self.p.sink else \
                 f"{bpf} or portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + flows - 1}"
             argv = [self.p.python(h.name), "-m", "agents.capture", "--iface", h.data_if, "--snaplen",
                     str(snap), "--out", f"{self.rdir(h.name)}/pcaps", "--name", h.name, "--filter", f]
@@ -293,7 +298,7 @@ class Execution:
         flows = self.spec.congestion.background
         if not flows:
             return
-        sink_host = self.p.ps or self.p.workers[0]
+        sink_host = self.p.sink
         ipv6 = self.spec.transport.ipv6
         dst = self.p.addr(sink_host, ipv6)
         for i, f in enumerate(flows):
