@@ -103,13 +103,34 @@ class RunData:
 
     @cached_property
     def metrics(self) -> pd.DataFrame:
-        """Every worker's metrics.csv, with `worker` and `rank`."""
+        """Every worker's metrics.csv, with `worker` and `rank`. Where it has no loss (the DDP
+        hook sees gradients, not losses), the loss the training script printed in its
+        progress lines is used."""
         parts = []
         for rank, w in enumerate(self.cfg["workers"] if self.cfg else []):
             df = self.agent_csv(w["name"], "metrics.csv")
-            if df is not None:
-                parts.append(df.assign(worker=w["name"], rank=rank))
+            if df is None:
+                continue
+            if df["loss"].isna().all():
+                printed = self.progress(w["name"])
+                if len(printed):
+                    df = df.drop(columns="loss").merge(printed[["step", "loss"]], on="step", how="left")
+            parts.append(df.assign(worker=w["name"], rank=rank))
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    def progress(self, host: str) -> pd.DataFrame:
+        """The step lines (JSON: event step, step, loss, ...) a host's worker printed."""
+        log = self.path / "logs" / f"{host}-worker.log"
+        rows = []
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if line.startswith("{") and '"step"' in line:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("event") == "step" and "loss" in ev:
+                    rows.append(ev)
+        return pd.DataFrame(rows, columns=sorted({k for r in rows for k in r} | {"step", "loss"}))
 
     def layout(self, rank: int) -> dict | None:
         return self.agent_json(self.cfg["workers"][rank]["name"], "layout.json")

@@ -73,3 +73,14 @@ def test_figures_take_data_and_return_figures_with_data(run_dir):
     assert len(figs[0].layout.shapes) == 4  # two background "on" periods, shaded in both panels
     empty = figures.congestion(pd.DataFrame(), None)
     assert len(empty.data) == 0 and "no occupancy" in empty.layout.annotations[0].text
+
+
+def test_loss_from_the_scripts_progress_lines_when_metrics_have_none(run_dir):
+    """The DDP hook writes metrics without a loss; the script printed it."""
+    m = run_dir / "agents" / "s-w1" / "metrics.csv"
+    df = pd.read_csv(m).assign(loss=float("nan"))
+    df.to_csv(m, index=False)
+    (run_dir / "logs" / "s-w1-worker.log").write_text("[stderr] a warning\n" + "".join(
+        f'{{"event": "step", "role": "worker", "rank": 0, "step": {k}, "loss": {3.0 - k}}}\n' for k in range(4)))
+    metrics = RunData.open(run_dir).metrics
+    assert list(metrics.loc[metrics["worker"] == "s-w1", "loss"]) == [3.0, 2.0, 1.0, 0.0]
