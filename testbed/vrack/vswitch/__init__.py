@@ -327,16 +327,21 @@ class VSwitch:
 
     def queue_counters(self) -> dict[str, list[dict[str, int]]]:
         """Per port, per queue: SONiC-named counters plus occupancy and its peak (bytes)."""
+        import time
+
         out = {}
+        with self._map("ports", _PORTCFG.size) as m:
+            rates = [_PORTCFG.unpack(m.lookup(i))[0] for i in range(len(self.ports))]
         with self._map("queues", _QSTATE.size, spin_lock=True) as m:
+            now = time.monotonic_ns()  # the program's clock (bpf_ktime_get_ns)
             for i, port in enumerate(self.ports):
                 rows = []
                 for q in range(NQ):
-                    _, _, occ, _, peak, tx, txb, trim, trim_tx, trim_drp, drop = _QSTATE.unpack(
+                    _, _, occ, last, peak, tx, txb, trim, trim_tx, trim_drp, drop = _QSTATE.unpack(
                         m.lookup(i * NQ + q))
                     rows.append({"TX_PKTS": tx, "TX_BYTES": txb, "TRIM_PKTS": trim,
-                                 "TRIM_TX_PKTS": trim_tx, "TRIM_DRP_PKTS": trim_drp,
-                                 "DROP_PKTS": drop, "OCCUPANCY": occ, "PEAK_OCCUPANCY": peak})
+                                 "TRIM_TX_PKTS": trim_tx, "TRIM_DRP_PKTS": trim_drp, "DROP_PKTS": drop,
+                                 "OCCUPANCY": drained(occ, now - last, rates[i]), "PEAK_OCCUPANCY": peak})
                 out[port] = rows
         return out
 
@@ -350,6 +355,14 @@ class VSwitch:
 
 
 SAMPLE_COLUMNS = ("time_s", "port", "queue", "OCCUPANCY", "PEAK_OCCUPANCY", *COUNTERS)
+
+
+def drained(occ: int, elapsed_ns: int, rate: int) -> int:
+    """A virtual queue's occupancy `elapsed_ns` after its last update: the program drains
+    it only when a packet arrives, so a reader drains it to now the same way (admit())."""
+    if elapsed_ns > 1_000_000_000:
+        return 0
+    return max(0, occ - max(0, elapsed_ns) * rate // 1_000_000_000)
 
 
 def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | None = None,
