@@ -91,7 +91,8 @@ class TrimlabState:
 
     def _step_stats(self) -> None:
         self.stats = {"packets": 0, "bytes": 0, "encode_ms": 0.0, "wait_ms": 0.0, "sq": 0.0}
-        self.parts: list[torch.Tensor] = []
+        self.offset = 0  # where the next bucket starts in the step's flat gradient
+        self.parts: list[torch.Tensor] = []  # this step's exact buckets, when truth is saved
         self.buckets: dict[int, list[int]] = {}
         self.owners: dict[int, int] = {}
 
@@ -156,25 +157,30 @@ class TrimlabState:
 
     def _record_bucket(self, flat: torch.Tensor, index: int, bounds) -> None:
         """Where this bucket's shards sit in the step's gradient (for layout.json and truth)."""
-        base = sum(p.numel() for p in self.parts)
+        base = self.offset
         for owner, (lo, hi) in enumerate(bounds):
             if hi > lo and owner != self.rank:
                 b = self.wire_bucket(index, owner)
                 self.buckets[b] = [base + lo, base + hi]
                 self.owners[b] = owner
-        self.parts.append(flat)
+        self.offset += flat.numel()
+        if self._saves_truth():  # a copy: `flat` may alias the bucket DDP overwrites with the mean
+            self.parts.append(flat.clone())
         self.stats["sq"] += float(flat.double().pow(2).sum())
+
+    def _saves_truth(self) -> bool:
+        return self.out is not None and bool(self.truth_every) and self.step % self.truth_every == 0
 
     def end_step(self) -> None:
         """After the step's last bucket: metrics, truth, layout; the next step begins."""
         if self.out is not None:
-            if self.truth_every and self.step % self.truth_every == 0 and self.parts:
+            if self.parts:
                 np.save(self.out / "truth" / f"step{self.step:06d}-rank{self.rank}.npy", torch.cat(self.parts).numpy())
             s = self.stats
             self.mlog.write(step=self.step, t=round(time.monotonic() - self.t0, 4), loss="",
                             grad_norm=round(s["sq"] ** 0.5, 6), packets=s["packets"], bytes=s["bytes"],
                             encode_ms=round(s["encode_ms"], 2), wait_ms=round(s["wait_ms"], 2))
-            self.layouts.append({"buckets": self.buckets, "owners": self.owners})
+            self.layouts.append({"buckets": self.buckets, "owners": self.owners, "numel": self.offset})
         self.step += 1
         self._step_stats()
 
@@ -193,8 +199,8 @@ class TrimlabState:
             return
         self.plog.close()
         self.mlog.close()
-        last = self.layouts[-1] if self.layouts else {"buckets": {}, "owners": {}}
-        layout = {"numel": sum(v[1] - v[0] for v in last["buckets"].values()), "rank": self.rank,
+        last = self.layouts[-1] if self.layouts else {"buckets": {}, "owners": {}, "numel": 0}
+        layout = {"numel": last["numel"], "rank": self.rank,
                   "topology": "ddp", "buckets": last["buckets"], "owners": last["owners"]}
         differ = {str(i): lay["buckets"] for i, lay in enumerate(self.layouts) if lay["buckets"] != last["buckets"]}
         if differ:  # DDP rebuilds its buckets after the first step

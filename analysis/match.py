@@ -284,7 +284,7 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
             detail = (f"{len(both)} packets in both agree on length and trim" if diff == 0 else
                       f"{diff} disagreements on length or trim among {len(both)} packets")
             if only_cap:
-                detail += f"; {only_cap} captured but not logged ({late} counted late by the receiver)"
+                detail += f"; {only_cap} captured but not logged ({late} counted late or unexpected by the receiver)"
             if only_log:
                 detail += f"; {only_log} logged but not captured (tcpdump dropped {lost.get(host, 0)})"
             out.append(_check(f"capture = ps log ({host})", f"capture {host} · {host} log", len(both) + only_cap + only_log,
