@@ -1,2 +1,2 @@
-"""Programs that run on the rack hosts (started over SSH by testbed.remote):
-`python -m agents.<name> --help`."""
+"""Programs that run on the rack hosts (started over SSH by trimlab.remote):
+`python -m trimlab.agents.<name> --help`."""

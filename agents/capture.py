@@ -3,7 +3,7 @@ payloads at receivers), rotating files, and a clean stop: on SIGTERM/SIGINT tcpd
 SIGINT, flushes, and its packet/drop statistics are written to NAME.capture.json (so an
 analysis can tell a capture that lost packets from a disagreement).
 
-    python -m agents.capture --iface eth1 --snaplen 128 --out /var/tmp/trimlab/run/w1 --name w1
+    python -m trimlab.agents.capture --iface eth1 --snaplen 128 --out /var/tmp/trimlab/run/w1 --name w1
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def tcpdump_argv(iface: str, path: Path, snaplen: int, rotate_mb: int, files: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agents.capture", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m trimlab.agents.capture", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iface", action="append", required=True, help="interface (repeat for several)")
     ap.add_argument("--snaplen", type=int, default=0, help="bytes kept per packet (0: all)")
     ap.add_argument("--out", required=True, type=Path)

@@ -8,7 +8,7 @@ Per bucket: reduce-scatter over trimmable packets (rank k owns the k-th shard of
 bucket; every other rank sends it that shard with the run's codec), the owner decodes what
 arrived at whatever precision it arrived, averages per coordinate over the contributions
 that arrived (its own is exact), and the averaged shards are all-gathered reliably on the
-control class (agents.protocol's parameter channel), so every rank applies identical
+control class (trimlab.agents.collective's sharded all-reduce), so every rank applies identical
 gradients. CUDA buckets are copied to host memory and back.
 
 Environment: TRIMLAB_CONFIG (the agents' configuration that `trimlab run` writes: codec,
@@ -27,15 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed
+import torch.distributed as dist
 
-from agents import protocol as P
-from agents.transport import Sender
-from testbed import wire
-from testbed.errors import TrimlabError
-
-TIMEOUTS = {"startup_s": 90.0, "step_s": 30.0, "params_s": 30.0, "give_up_s": 10.0}
-METRIC_FIELDS = ("step", "t", "loss", "grad_norm", "packets", "bytes", "encode_ms", "wait_ms")
+from trimlab import rundir
+from trimlab.agents import logs
+from trimlab.agents.collective import ShardedAllReduce, shard_bounds
+from trimlab.config import METRIC_FIELDS, AgentConfig
+from trimlab.errors import TrimlabError
 
 
 class HookError(TrimlabError):
@@ -43,24 +41,16 @@ class HookError(TrimlabError):
 
 
 class TrimlabState:
-    """Sockets, codec and logs of one rank; the hook's state."""
+    """The sharded all-reduce, codec and logs of one rank; the hook's state."""
 
-    def __init__(self, cfg: dict, rank: int, out: Path | None = None):
+    def __init__(self, cfg: AgentConfig, rank: int, out: Path | None = None):
         self.cfg, self.rank = cfg, rank
-        self.world = len(cfg["workers"])
+        self.world = len(cfg.workers)
         if not 0 <= rank < self.world:
             raise HookError(f"RANK={rank}: the trimlab configuration has ranks 0..{self.world - 1}")
-        t = cfg["transport"]
-        self.addrs = {r: w["addr"] for r, w in enumerate(cfg["workers"])}
-        me = self.addrs[rank]
-        self.others = {r: a for r, a in self.addrs.items() if r != rank}
-        self.node = P.Node(cfg, me, {a: cfg["workers"][r]["name"] for r, a in self.others.items()},
-                           receive_gradients=True)
-        self.senders = {r: Sender(a, t["port"], t["dscp"], rate_bps=t.get("pacing_bps"), bind=me)
-                        for r, a in self.others.items()}
-        self.deadline = t["deadline_ms"] / 1e3
-        self.to = TIMEOUTS | cfg.get("timeouts", {})
-        self.truth_every = cfg.get("truth_every", 0)
+        self.ar = ShardedAllReduce(cfg, rank)
+        self.node = self.ar.node
+        self.truth_every = cfg.truth_every
         self.step = 0
         self.digest = hashlib.sha256()  # of every averaged gradient: equal on all ranks iff identical
         self.t0 = time.monotonic()
@@ -69,116 +59,72 @@ class TrimlabState:
         self._step_stats()
         self.layouts: list[dict] = []  # per step: wire bucket -> [lo, hi) in the step's gradient
         if out is not None:
-            (out / "truth").mkdir(parents=True, exist_ok=True)
-            self.plog = P.PacketLog(out / "packets.csv")
-            self.mlog = P.MetricsLog(out / "metrics.csv", METRIC_FIELDS)
+            (out / rundir.TRUTH).mkdir(parents=True, exist_ok=True)
+            self.plog = logs.PacketLog(out / rundir.PACKET_LOG)
+            self.mlog = logs.MetricsLog(out / rundir.METRICS, METRIC_FIELDS)
 
     @classmethod
     def from_env(cls) -> "TrimlabState":
         path = os.environ.get("TRIMLAB_CONFIG")
         if not path:
             raise HookError("TRIMLAB_CONFIG is not set: point it at the agents' configuration "
-                            "(trimlab run sets it; see examples/ddp_train.py)")
-        import torch.distributed as dist
-
+                            "(trimlab run sets it; see trimlab/examples/ddp_train.py)")
         rank = int(os.environ.get("RANK", dist.get_rank() if dist.is_initialized() else 0))
         out = os.environ.get("TRIMLAB_OUT")
-        state = cls(P.load_config(path), rank, Path(out) if out else None)
+        state = cls(AgentConfig.read(path), rank, Path(out) if out else None)
         if dist.is_initialized():
             dist.barrier()  # every rank's sockets are bound before anyone sends a gradient
         atexit.register(state.close)
         return state
 
     def _step_stats(self) -> None:
-        self.stats = {"packets": 0, "bytes": 0, "encode_ms": 0.0, "wait_ms": 0.0, "sq": 0.0}
+        self.sq = 0.0
         self.offset = 0  # where the next bucket starts in the step's flat gradient
         self.parts: list[torch.Tensor] = []  # this step's exact buckets, when truth is saved
         self.buckets: dict[int, list[int]] = {}
         self.owners: dict[int, int] = {}
 
-    def wire_bucket(self, index: int, owner: int) -> int:
-        b = index * self.world + owner
-        if b >= 1 << 16:
-            raise HookError(f"bucket {index} of {self.world} ranks needs wire bucket {b}: the header has 16 "
-                            "bits; use fewer, larger DDP buckets (bucket_cap_mb)")
-        return b
-
     def allreduce(self, grad: torch.Tensor, index: int) -> torch.Tensor:
         """The mean of `grad` (this rank's bucket `index`) over all ranks."""
-        c, t = self.cfg["codec"], self.cfg["transport"]
         numel = grad.numel()
         if grad.is_cuda:  # one copy into page-locked host memory, where the sockets read
             flat = torch.empty(numel, dtype=torch.float32, pin_memory=True)
             flat.copy_(grad.detach().reshape(-1))
         else:
             flat = grad.detach().reshape(-1).to(torch.float32)
-        bounds = P.shard_bounds(numel, self.world)
-        lo, hi = bounds[self.rank]
-        first = self.step == 0
-        coll = None
-        if hi > lo and self.others:
-            coll = self.node.expect(self.step, self.wire_bucket(index, self.rank), self.others, hi - lo, self.deadline)
-        for o, tx in self.senders.items():
-            s_lo, s_hi = bounds[o]
-            if s_hi == s_lo:
-                continue
-            e0 = time.monotonic()
-            payloads = wire.packetize(flat[s_lo:s_hi], self.node.codec, self.cfg["mtu"], c["coords"], c["span"],
-                                      wire.PacketIds(self.cfg["job"], self.step, self.rank, self.wire_bucket(index, o)),
-                                      self.cfg["seed"], t["ipv6"])
-            self.stats["encode_ms"] += (time.monotonic() - e0) * 1e3
-            tx.send_all(payloads)
-            self.stats["packets"] += len(payloads)
-            self.stats["bytes"] += sum(map(len, payloads))
-        w0 = time.monotonic()
-        mean = flat[lo:hi]
-        if coll is not None:
-            self.node.collect(coll, self.to["startup_s"] if first else self.to["step_s"])
-            red = coll.reduce(local=flat[lo:hi])
-            if self.out is not None:
-                self.plog.write(coll.rows)
-            mean = red.mean
-        dests = list(self.others.values())
-        if hi > lo:  # a bucket smaller than the world leaves some ranks no shard
-            self.node.broadcast(self.step, self.wire_bucket(index, self.rank), mean, dests,
-                                give_up_s=self.to["startup_s"] if first else self.to["give_up_s"])
-        out = torch.empty(numel, dtype=torch.float32)
-        out[lo:hi] = mean
-        for o, a in self.others.items():
-            s_lo, s_hi = bounds[o]
-            if s_hi == s_lo:
-                continue
-            out[s_lo:s_hi] = self.node.wait_params(a, self.step, self.wire_bucket(index, o), s_hi - s_lo,
-                                                   self.to["startup_s"] if first else self.to["params_s"])
-        self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3
+        mean, rows = self.ar.reduce_scatter(flat, self.step, index)
+        if self.out is not None:
+            self.plog.write(rows)
+        out = self.ar.all_gather(mean, self.step, numel, index)
         self.digest.update(out.numpy().tobytes())
-        self._record_bucket(flat, index, bounds)
+        self._record_bucket(flat, index)
         return out.to(grad.device, grad.dtype).view_as(grad)
 
-    def _record_bucket(self, flat: torch.Tensor, index: int, bounds) -> None:
+    def _record_bucket(self, flat: torch.Tensor, index: int) -> None:
         """Where this bucket's shards sit in the step's gradient (for layout.json and truth)."""
         base = self.offset
-        for owner, (lo, hi) in enumerate(bounds):
+        for owner, (lo, hi) in enumerate(shard_bounds(flat.numel(), self.world)):
             if hi > lo and owner != self.rank:
-                b = self.wire_bucket(index, owner)
+                b = self.ar.wire_bucket(index, owner)
                 self.buckets[b] = [base + lo, base + hi]
                 self.owners[b] = owner
         self.offset += flat.numel()
         if self._saves_truth():  # a copy: `flat` may alias the bucket DDP overwrites with the mean
             self.parts.append(flat.clone())
-        self.stats["sq"] += float(flat.double().pow(2).sum())
+        self.sq += float(flat.double().pow(2).sum())
 
     def _saves_truth(self) -> bool:
         return self.out is not None and bool(self.truth_every) and self.step % self.truth_every == 0
 
     def end_step(self) -> None:
         """After the step's last bucket: metrics, truth, layout; the next step begins."""
+        s = self.ar.take_stats()
         if self.out is not None:
             if self.parts:
-                np.save(self.out / "truth" / f"step{self.step:06d}-rank{self.rank}.npy", torch.cat(self.parts).numpy())
-            s = self.stats
+                np.save(self.out / rundir.TRUTH / rundir.truth_file(self.step, self.rank),
+                        torch.cat(self.parts).numpy())
             self.mlog.write(step=self.step, t=round(time.monotonic() - self.t0, 4), loss="",
-                            grad_norm=round(s["sq"] ** 0.5, 6), packets=s["packets"], bytes=s["bytes"],
+                            grad_norm=round(self.sq ** 0.5, 6), packets=s["packets"], bytes=s["bytes"],
                             encode_ms=round(s["encode_ms"], 2), wait_ms=round(s["wait_ms"], 2))
             self.layouts.append({"buckets": self.buckets, "owners": self.owners, "numel": self.offset})
         self.step += 1
@@ -190,11 +136,7 @@ class TrimlabState:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.node.flush_broadcasts()
-        except P.ProtocolError:
-            pass  # a peer that already left acknowledged what it needed
-        self.node.drain(1.0)
+        self.ar.close()
         if self.out is None:
             return
         self.plog.close()
@@ -206,13 +148,13 @@ class TrimlabState:
         if differ:  # DDP rebuilds its buckets after the first step
             layout["buckets_by_step"] = differ
             layout["owners_by_step"] = {str(i): self.layouts[i]["owners"] for i in map(int, differ)}
-        (self.out / "layout.json").write_text(json.dumps(layout, indent=1) + "\n")
+        (self.out / rundir.LAYOUT).write_text(json.dumps(layout, indent=1) + "\n")
         final = {"role": "worker", "rank": self.rank, "steps": self.step, "checksum": self.digest.hexdigest()[:16],
                  "test_acc": None, "wall_s": time.monotonic() - self.t0, "discarded": dict(self.node.discarded)}
-        (self.out / "final.json").write_text(json.dumps(final, indent=2) + "\n")
+        (self.out / rundir.FINAL).write_text(json.dumps(final, indent=2) + "\n")
 
 
-def trimlab_hook(state: TrimlabState, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def trimlab_hook(state: TrimlabState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over every rank through the
     trimmable transport (the step's work is done here; the future is already complete)."""
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()

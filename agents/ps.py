@@ -6,7 +6,7 @@ precision that survived, average per coordinate over the contributions that arri
 the optimizer. Writes packets.csv (one row per gradient datagram received), steps.csv and
 final.json into --out.
 
-    python -m agents.ps --config agent.json --out /var/tmp/trimlab/run/ps1
+    python -m trimlab.agents.ps --config agent.json --out /var/tmp/trimlab/run/ps1
 """
 
 from __future__ import annotations
@@ -17,44 +17,44 @@ import sys
 import time
 from pathlib import Path
 
-from agents import protocol as P
-from agents import workloads as W
+from trimlab import rundir
+from trimlab.agents import logs
+from trimlab.agents import workloads as W
+from trimlab.agents.failure import MissedSteps, ProtocolError
+from trimlab.agents.node import Node
+from trimlab.config import STEP_FIELDS, AgentConfig
+from trimlab.errors import SpecError
 
-STEP_FIELDS = ("step", "t", "wait_ms", "reduce_ms", "received", "expected", "trimmed", "missing",
-               "min_contributors", "retransmits", "test_loss", "test_acc")
 
-
-def run(cfg: dict, out: Path) -> dict:
+def run(cfg: AgentConfig, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    t, to = cfg["transport"], cfg["timeouts"]
-    wl = W.build(cfg["workload"], cfg["seed"])
+    t, to = cfg.transport, cfg.timeouts
+    wl = W.build(cfg.workload, cfg.seed)
     params = W.flat_params(wl.model)
     numel = params.numel()
-    workers = {rank: w["addr"] for rank, w in enumerate(cfg["workers"])}
+    workers = {rank: w.addr for rank, w in enumerate(cfg.workers)}
     dests = list(workers.values())
-    node = P.Node(cfg, bind=cfg["ps"]["addr"], peers={w["addr"]: w["name"] for w in cfg["workers"]},
-                  receive_gradients=True)
-    opt = W.FlatSGD(cfg["workload"]["lr"], cfg["workload"].get("momentum", 0.0))
-    missed = P.MissedSteps(node, cfg["max_missed_steps"])
-    plog = P.PacketLog(out / "packets.csv")
-    slog = P.MetricsLog(out / "steps.csv", STEP_FIELDS)
-    steps, eval_every = cfg["steps"], cfg["eval_every"]
-    deadline = t["deadline_ms"] / 1e3
+    node = Node(cfg, bind=cfg.ps.addr, peers={w.addr: w.name for w in cfg.workers}, receive_gradients=True)
+    opt = W.FlatSGD(cfg.workload.lr, cfg.workload.momentum)
+    missed = MissedSteps(node, cfg.max_missed_steps)
+    plog = logs.PacketLog(out / rundir.PACKET_LOG)
+    slog = logs.MetricsLog(out / rundir.STEPS, STEP_FIELDS)
+    steps, eval_every = cfg.steps, cfg.eval_every
+    deadline = t.deadline_ms / 1e3
     t0 = time.monotonic()
     totals = {"received": 0, "trimmed": 0, "missing": 0, "expected": 0}
     try:
-        P.log_event(event="start", role="ps", numel=numel, workers=len(workers))
+        logs.log_event(event="start", role="ps", numel=numel, workers=len(workers))
         for step in range(steps):
             coll = node.expect(step, 0, workers, numel, deadline)
-            bc = node.broadcast(step, 0, params, dests,
-                                give_up_s=to["startup_s"] if step == 0 else to["give_up_s"])
+            bc = node.broadcast(step, 0, params, dests, give_up_s=to.startup_s if step == 0 else to.give_up_s)
             if step == 0:  # start barrier: every worker is up and holds the first parameters
                 while not bc.done:
                     node.pump()
                 if coll.first is not None:  # the deadline runs from the barrier, not before
                     coll.first = time.monotonic()
             w0 = time.monotonic()
-            node.collect(coll, to["startup_s"] if step == 0 else to["step_s"])
+            node.collect(coll, to.startup_s if step == 0 else to.step_s)
             r0 = time.monotonic()
             red = coll.reduce()
             plog.write(coll.rows)
@@ -72,9 +72,9 @@ def run(cfg: dict, out: Path) -> dict:
                 W.set_flat_params(wl.model, params)
                 row["test_loss"], row["test_acc"] = (round(v, 5) for v in wl.evaluate())
             slog.write(**row)
-            P.log_event(event="step", role="ps", **{k: row[k] for k in
-                        ("step", "received", "expected", "trimmed", "missing", "test_acc")})
-        node.broadcast(steps, 0, params, dests, give_up_s=to["give_up_s"])
+            logs.log_event(event="step", role="ps", **{k: row[k] for k in
+                           ("step", "received", "expected", "trimmed", "missing", "test_acc")})
+        node.broadcast(steps, 0, params, dests, give_up_s=to.give_up_s)
         node.flush_broadcasts()  # every worker holds the final parameters
         node.bye_all(dests)
         W.set_flat_params(wl.model, params)
@@ -82,8 +82,8 @@ def run(cfg: dict, out: Path) -> dict:
         final = {"role": "ps", "steps": steps, "checksum": W.checksum(params), "test_loss": loss,
                  "test_acc": acc, "numel": numel, "wall_s": time.monotonic() - t0,
                  "discarded": dict(node.discarded), **totals}
-        (out / "final.json").write_text(json.dumps(final, indent=2) + "\n")
-        P.log_event(event="done", role="ps", test_acc=acc, checksum=final["checksum"])
+        (out / rundir.FINAL).write_text(json.dumps(final, indent=2) + "\n")
+        logs.log_event(event="done", role="ps", test_acc=acc, checksum=final["checksum"])
         return final
     finally:
         plog.close()
@@ -91,14 +91,19 @@ def run(cfg: dict, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agents.ps", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m trimlab.agents.ps", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="agent configuration (JSON, written by trimlab run)")
     ap.add_argument("--out", required=True, type=Path, help="directory for packets.csv, steps.csv, final.json")
     a = ap.parse_args(argv)
-    P.install_signal_exit()
+    logs.install_signal_exit()
     try:
-        run(P.load_config(a.config), a.out)
-    except P.ProtocolError as exc:
+        cfg = AgentConfig.read(a.config)
+    except SpecError as exc:
+        print(f"ps: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run(cfg, a.out)
+    except ProtocolError as exc:
         print(f"ps: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -2,8 +2,8 @@
 the sink that receives it. Every on/off transition is printed as a JSON line (the report
 marks the flows on the time axis); a summary line is printed when the flow stops.
 
-    python -m agents.traffic sink --bind 198.19.0.14 --port 48000 --protocol udp
-    python -m agents.traffic send --dst 198.19.0.14 --port 48000 --rate 300mbit --dscp 10 \\
+    python -m trimlab.agents.traffic sink --bind 198.19.0.14 --port 48000 --protocol udp
+    python -m trimlab.agents.traffic send --dst 198.19.0.14 --port 48000 --rate 300mbit --dscp 10 \\
         --pattern on_off --on-ms 50 --off-ms 50
 """
 
@@ -12,17 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import select
+import signal
 import socket
 import sys
 import time
 
-from agents.transport import BUFFER_BYTES, Sender, family, set_tos
-
-
-def parse_rate(rate: str) -> float:
-    from testbed.vrack.rack import parse_rate as parse
-
-    return float(parse(rate))
+from trimlab.agents.transport import BUFFER_BYTES, Sender, family, set_tos
+from trimlab.config import TRAFFIC_PORT, parse_rate
 
 
 def _event(**fields) -> None:
@@ -112,13 +108,11 @@ def sink(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
-    ap = argparse.ArgumentParser(prog="python -m agents.traffic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m trimlab.agents.traffic", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("send", help="send one background flow")
     s.add_argument("--dst", required=True)
-    s.add_argument("--port", type=int, default=48000)
+    s.add_argument("--port", type=int, default=TRAFFIC_PORT)
     s.add_argument("--rate", required=True, help="e.g. 300mbit")
     s.add_argument("--dscp", type=int, default=0)
     s.add_argument("--protocol", choices=("udp", "tcp"), default="udp")
@@ -129,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--duration", type=float, default=None, help="seconds (default: until signalled)")
     k = sub.add_parser("sink", help="receive and discard flows")
     k.add_argument("--bind", default="0.0.0.0")
-    k.add_argument("--port", type=int, default=48000)
+    k.add_argument("--port", type=int, default=TRAFFIC_PORT)
     k.add_argument("--protocol", choices=("udp", "tcp"), default="udp")
     a = ap.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,10 +1,10 @@
 """UDP transport for gradient packets, IPv4 or IPv6: DSCP (and ECN) marking on send, the
 TOS/traffic class each packet arrived with on receive (IP_RECVTOS / IPV6_RECVTCLASS),
-large socket buffers, batched non-blocking receive, optional pacing to a rate, and a
-sequence number in front of each payload for the reliable channel.
+large socket buffers, batched non-blocking receive, optional pacing to a rate. The command
+line numbers its datagrams, to check marking and loss by hand.
 
-    python -m agents.transport send --dst 198.19.0.12 --dscp 10 --count 100 --size 1000
-    python -m agents.transport recv --port 47000 --idle 1
+    python -m trimlab.agents.transport send --dst 198.19.0.12 --dscp 10 --count 100 --size 1000
+    python -m trimlab.agents.transport recv --port 47000 --idle 1
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-DEFAULT_PORT = 47000
+from trimlab.config import GRADIENT_PORT
+
 BUFFER_BYTES = 32 << 20
-_SEQ = struct.Struct("!I")
+_SEQ = struct.Struct("!I")  # the command line's datagram numbers
 
 
 def family(addr: str) -> int:
@@ -52,7 +53,7 @@ class Sender:
     """Sends datagrams to one destination with a fixed DSCP, optionally paced to rate_bps
     (a token bucket over UDP payload bytes, so bursts never exceed one packet)."""
 
-    def __init__(self, dst: str, port: int = DEFAULT_PORT, dscp: int = 0, ecn: int = 0,
+    def __init__(self, dst: str, port: int = GRADIENT_PORT, dscp: int = 0, ecn: int = 0,
                  rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES, bind: str | None = None):
         self.dst = (dst, port)
         self.sock = socket.socket(family(dst), socket.SOCK_DGRAM)
@@ -99,7 +100,7 @@ class Receiver:
     """A bound UDP socket that hands back batches of datagrams with their seen TOS; with
     `dscp`, replies sent from it (`sendto`) carry that DSCP."""
 
-    def __init__(self, bind: str = "0.0.0.0", port: int = DEFAULT_PORT, rcvbuf: int = BUFFER_BYTES,
+    def __init__(self, bind: str = "0.0.0.0", port: int = GRADIENT_PORT, rcvbuf: int = BUFFER_BYTES,
                  dscp: int | None = None):
         self.sock = socket.socket(family(bind), socket.SOCK_DGRAM)
         if dscp is not None:
@@ -145,23 +146,12 @@ class Receiver:
         self.sock.close()
 
 
-def with_seq(seq: int, payload: bytes) -> bytes:
-    """Prefix a 32-bit sequence number (network order): the reliable channel's framing."""
-    return _SEQ.pack(seq & 0xFFFFFFFF) + payload
-
-
-def split_seq(datagram: bytes) -> tuple[int, bytes]:
-    if len(datagram) < _SEQ.size:
-        raise ValueError(f"datagram of {len(datagram)} bytes has no sequence number")
-    return _SEQ.unpack_from(datagram)[0], datagram[_SEQ.size:]
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agents.transport", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m trimlab.agents.transport", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("send", help="send numbered datagrams")
     s.add_argument("--dst", required=True)
-    s.add_argument("--port", type=int, default=DEFAULT_PORT)
+    s.add_argument("--port", type=int, default=GRADIENT_PORT)
     s.add_argument("--dscp", type=int, default=0)
     s.add_argument("--ecn", type=int, default=0)
     s.add_argument("--count", type=int, default=100)
@@ -169,19 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--rate", type=float, default=None, help="pace to this many bits/s")
     r = sub.add_parser("recv", help="receive and print one JSON line per datagram")
     r.add_argument("--bind", default="0.0.0.0")
-    r.add_argument("--port", type=int, default=DEFAULT_PORT)
+    r.add_argument("--port", type=int, default=GRADIENT_PORT)
     r.add_argument("--idle", type=float, default=1.0, help="stop after this many idle seconds")
     a = ap.parse_args(argv)
     if a.cmd == "send":
         tx = Sender(a.dst, a.port, a.dscp, a.ecn, a.rate)
         pad = b"\0" * max(0, a.size - _SEQ.size)
-        tx.send_all(with_seq(i, pad) for i in range(a.count))
+        tx.send_all(_SEQ.pack(i & 0xFFFFFFFF) + pad for i in range(a.count))
         print(json.dumps({"sent": tx.sent, "bytes": tx.bytes, "sndbuf": tx.sndbuf}))
         return 0
     rx = Receiver(a.bind, a.port)
     while batch := rx.recv_batch(timeout=a.idle):
         for d in batch:
-            seq, body = split_seq(d.payload) if len(d.payload) >= 4 else (-1, d.payload)
+            seq = _SEQ.unpack_from(d.payload)[0] if len(d.payload) >= _SEQ.size else -1
             print(json.dumps({"seq": seq, "len": len(d.payload), "dscp": d.dscp, "tos": d.tos,
                               "src": d.src[0]}), flush=True)
     return 0

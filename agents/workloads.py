@@ -18,10 +18,12 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
-from testbed.errors import SpecError
+from trimlab.config import WorkloadConfig
+from trimlab.errors import SpecError
 
 IMAGE = (1, 8, 8)  # digits' shape; synthetic inputs use it too so both models fit both
 
@@ -81,7 +83,7 @@ def _split(x: torch.Tensor, y: torch.Tensor, seed: int, test_fraction: float = 0
 
 
 def _digits(seed: int):
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # heavy (scipy): only for this workload
 
     d = load_digits()
     x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, *IMAGE) / 16.0
@@ -107,8 +109,6 @@ def _custom(factory: str, dataset: str):
     if not path.exists():
         raise SpecError(f"workload.dataset={dataset!r}: no such file")
     if path.suffix == ".npz":
-        import numpy as np
-
         with np.load(path) as z:
             data = {k: torch.from_numpy(z[k]) for k in z.files}
     else:
@@ -122,15 +122,14 @@ def _custom(factory: str, dataset: str):
     return fn(), xs
 
 
-def build(workload: dict, seed: int) -> Workload:
+def build(workload: WorkloadConfig, seed: int) -> Workload:
     """The workload of a spec's `workload` section; the model initialised from `seed`."""
-    kind = workload.get("kind", "digits")
-    if kind == "custom":
-        model, (xtr, ytr, xte, yte) = _custom(workload["factory"], workload["dataset"])
+    if workload.kind == "custom":
+        model, (xtr, ytr, xte, yte) = _custom(workload.factory, workload.dataset)
     else:
-        xtr, ytr, xte, yte = {"digits": _digits, "synthetic": _synthetic}[kind](seed)
+        xtr, ytr, xte, yte = {"digits": _digits, "synthetic": _synthetic}[workload.kind](seed)
         torch.manual_seed(_mix(seed, "init"))
-        model = make_model(workload.get("model", "mlp"))
+        model = make_model(workload.model)
     if not isinstance(model, nn.Module):
         raise SpecError(f"workload.factory: returned {type(model).__name__}, not a torch.nn.Module")
     return Workload(model, xtr, ytr, xte, yte)

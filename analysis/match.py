@@ -18,9 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
-from analysis.rundata import RunData, RunDataError
-from testbed import wire
+from trimlab import rundir, wire
+from trimlab.analysis.rundata import RunData, RunDataError
+from trimlab.codec import CodecContext
+from trimlab.config import TRAFFIC_PORT, AgentConfig
 
 KEY = ["step", "rank", "bucket", "span", "packet"]
 COLUMNS = ["job", *KEY, "sender", "receiver", "coords", "sent_len", "t_sent_ns", "dscp_sent",
@@ -33,12 +36,10 @@ AGREE, EXPLAINED, DISAGREE, NA = "agree", "explained", "disagree", "n/a"
 
 # -- the rows ---------------------------------------------------------------------------------
 
-def _layout_rows(codec, numel: int, cfg: dict, bucket: int) -> pd.DataFrame:
+def _layout_rows(codec, numel: int, cfg: AgentConfig, bucket: int) -> pd.DataFrame:
     """(span, packet, coords) of every packet of one bucket, in the codec's layout."""
-    from testbed.codec import CodecContext
-
-    c = cfg["codec"]
-    lay = codec.layout(numel, CodecContext(seed=cfg["seed"], bucket=bucket, span=c["span"], coords=c["coords"]))
+    c = cfg.codec
+    lay = codec.layout(numel, CodecContext(seed=cfg.seed, bucket=bucket, span=c.span, coords=c.coords))
     parts = []
     for b in lay.blocks:
         g = b.group
@@ -62,7 +63,7 @@ def sent_packets(run: RunData) -> pd.DataFrame:
     cfg = run.cfg
     codec = run.codec
     parts = []
-    for rank, w in enumerate(cfg["workers"]):
+    for rank, w in enumerate(cfg.workers):
         lay = run.layout(rank)
         m = run.metrics
         steps = np.sort(m.loc[m["rank"] == rank, "step"].unique()) if len(m) else np.zeros(0, dtype=int)
@@ -74,29 +75,29 @@ def sent_packets(run: RunData) -> pd.DataFrame:
         for key, group in by_layout.items():
             buckets, owners = (({int(k): v for k, v in d.items()}) for d in json.loads(key))
             for b, (lo, hi) in buckets.items():
-                owner = owners.get(b, b) if cfg["topology"] == "sharded" else None
+                owner = owners.get(b, b) if cfg.topology == "sharded" else None
                 if owner == rank:
                     continue  # an owner's own shard never crosses the network
-                receiver = cfg["workers"][owner]["name"] if owner is not None else cfg["ps"]["name"]
+                receiver = cfg.workers[owner].name if owner is not None else cfg.ps.name
                 one = _layout_rows(codec, hi - lo, cfg, b)
                 rows = one.loc[np.tile(one.index, len(group))].reset_index(drop=True)
                 rows.insert(0, "step", np.repeat(group, len(one)))
-                parts.append(rows.assign(rank=rank, bucket=b, sender=w["name"], receiver=receiver))
+                parts.append(rows.assign(rank=rank, bucket=b, sender=w.name, receiver=receiver))
     if not parts:
         return pd.DataFrame(columns=[*KEY, "coords", "sender", "receiver"])
     out = pd.concat(parts, ignore_index=True)
     out["sent_len"] = wire.HEADER_LEN + (codec.body_bytes(32) * out["coords"]) // 32
-    out["job"] = cfg["job"]
+    out["job"] = cfg.job
     return out
 
 
-def _seen(cap: pd.DataFrame | None, cfg: dict, **where) -> pd.DataFrame:
+def _seen(cap: pd.DataFrame | None, cfg: AgentConfig, **where) -> pd.DataFrame:
     """A capture's trimlab gradient packets of this job (src/dst as given), one per key."""
     cols = [*KEY, "ts_ns", "dscp", "length", "udp_len", "scale"]
     if cap is None:
         return pd.DataFrame(columns=cols)
-    sel = cap["trimlab"].to_numpy() & (cap["dport"].to_numpy() == cfg["transport"]["port"]) \
-        & (cap["job"].to_numpy() == cfg["job"])
+    sel = cap["trimlab"].to_numpy() & (cap["dport"].to_numpy() == cfg.transport.port) \
+        & (cap["job"].to_numpy() == cfg.job)
     for col, addr in where.items():
         sel &= (cap[col] == addr).to_numpy()
     return cap.loc[sel, cols].drop_duplicates(KEY)
@@ -104,24 +105,19 @@ def _seen(cap: pd.DataFrame | None, cfg: dict, **where) -> pd.DataFrame:
 
 def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """True per-packet NMSE (and the re-encoded header scale) for the steps with truth."""
-    import torch
-
-    from testbed.codec import CodecContext
-
     cfg, codec = run.cfg, run.codec
     nmse = pd.Series(np.nan, index=rows.index)
     scale = pd.Series(np.nan, index=rows.index)
     for step, rank in run.truth_steps:
         g = run.truth(step, rank)
-        lay = run.layout(rank) if rank < len(cfg["workers"]) else None
+        lay = run.layout(rank) if rank < len(cfg.workers) else None
         if g is None or lay is None:
             continue
         for b, (lo, hi) in step_buckets(lay, step)[0].items():
             sel = rows[(rows["step"] == step) & (rows["rank"] == rank) & (rows["bucket"] == b)]
             if sel.empty:
                 continue
-            ctx = CodecContext(seed=cfg["seed"], step=step, bucket=b, span=cfg["codec"]["span"],
-                               coords=cfg["codec"]["coords"])
+            ctx = CodecContext(seed=cfg.seed, step=step, bucket=b, span=cfg.codec.span, coords=cfg.codec.coords)
             got = np.where(sel["dropped"], -1, sel["recv_len"].fillna(sel["sent_len"]) - wire.HEADER_LEN)
             e = codec.packet_errors(torch.tensor(g[lo:hi]), ctx, torch.tensor(sel["span"].to_numpy()),
                                     torch.tensor(sel["packet"].to_numpy()), torch.tensor(got.astype(np.int64)))
@@ -133,19 +129,17 @@ def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Serie
 
 def packet_table(run: RunData) -> tuple[pd.DataFrame, dict]:
     """The per-packet table, and what the checks need beside it."""
-    import torch
-
     cfg = run.cfg
     if cfg is None:
-        raise RunDataError(f"{run.path}: no agent.json; the run failed before its agents started")
+        raise RunDataError(f"{run.path}: no {rundir.AGENT_CONFIG}; the run failed before its agents started")
     rows = sent_packets(run)
     addr = {h: v["addr"] for h, v in run.hosts.items()}
     side: dict = {"captures": {}, "sender_scale": None}
     snd, rcv = [], []
-    for w in cfg["workers"]:
-        cap = run.capture(w["name"])
-        side["captures"][w["name"]] = cap
-        snd.append(_seen(cap, cfg, src=w["addr"]))
+    for w in cfg.workers:
+        cap = run.capture(w.name)
+        side["captures"][w.name] = cap
+        snd.append(_seen(cap, cfg, src=w.addr))
     for r in run.receivers:
         cap = side["captures"].get(r) if r in side["captures"] else run.capture(r)
         side["captures"][r] = cap
@@ -221,8 +215,6 @@ def _trims_on_port(run: RunData, host: str, cap: pd.DataFrame | None) -> int | N
         return None
     if not flows:
         return 0
-    from testbed.experiment import TRAFFIC_PORT
-
     trim_dscp = prof.get("dscp")
     ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.get("dscp") != trim_dscp}
     sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & (cap["dscp"] == trim_dscp)
@@ -234,8 +226,8 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
     cfg = run.cfg
     sent = len(rows)
     seen = int(rows["seen_sender"].sum())
-    senders_lost = sum(lost.get(w["name"], 0) for w in cfg["workers"])
-    have_sender = any(side["captures"].get(w["name"]) is not None for w in cfg["workers"])
+    senders_lost = sum(lost.get(w.name, 0) for w in cfg.workers)
+    have_sender = any(side["captures"].get(w.name) is not None for w in cfg.workers)
     out.append(_check("sent = sender capture", "workers' metrics · sender captures", sent, seen if have_sender else "-",
                       NA if not have_sender else AGREE if seen == sent else
                       EXPLAINED if sent - seen <= senders_lost else DISAGREE,
@@ -277,7 +269,7 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
                        + (both["recv_len"] != both["log_len"]).sum())
             only_cap = int((mine["seen_receiver"] & ~mine["logged"]).sum())
             only_log = int((~mine["seen_receiver"] & mine["logged"]).sum())
-            final = run.agent_json(host, "final.json") or {}
+            final = run.agent_json(host, rundir.FINAL) or {}
             late = sum(final.get("discarded", {}).get(k, 0) for k in ("late", "unexpected"))
             status = AGREE if diff == only_cap == only_log == 0 else \
                 EXPLAINED if diff == 0 and only_cap <= late and only_log <= lost.get(host, 0) else DISAGREE
@@ -312,10 +304,10 @@ def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
 def write(run_dir: str | Path) -> tuple[pd.DataFrame, list[dict]]:
     run = RunData.open(run_dir)
     rows, chk = match(run)
-    rows[COLUMNS].to_parquet(run.path / "packets.parquet", index=False)
+    rows[COLUMNS].to_parquet(run.path / rundir.PACKETS_TABLE, index=False)
     summary = {"all_agree": all(c["status"] == AGREE for c in chk),
                "disagree": sum(c["status"] == DISAGREE for c in chk), "checks": chk}
-    (run.path / "checks.json").write_text(json.dumps(summary, indent=1, default=_jsonable) + "\n")
+    (run.path / rundir.CHECKS).write_text(json.dumps(summary, indent=1, default=_jsonable) + "\n")
     return rows, chk
 
 

@@ -8,7 +8,7 @@ field is then gathered for all packets at once with fixed-width strided views.
 Columns: ts_ns, caplen, wirelen, ethertype, ip (4 | 6 | 0), dscp, ecn, ip_len (IPv4 total
 length / IPv6 payload length), proto, src, dst (categorical), sport, dport, udp_len, and, for
 UDP packets to or from `port` whose capture holds the whole trimlab header, the header's
-fields (magic … scale, from testbed.wire.HEADER_FIELDS) plus `trimlab` (bool). Missing values
+fields (magic … scale, from trimlab.wire.HEADER_FIELDS) plus `trimlab` (bool). Missing values
 are -1 (NaN for scale and the addresses). scapy stays for declaring and dissecting the
 protocol; `trimlab bench pcap` measures this reader against dpkt and tshark.
 """
@@ -24,15 +24,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from testbed import wire
-from testbed.errors import TrimlabError
+from trimlab import native, resources, wire
+from trimlab.config import GRADIENT_PORT
+from trimlab.errors import TrimlabError
 
 LINKTYPE_ETHERNET = 1
 PCAP_MAGIC = {b"\xd4\xc3\xb2\xa1": ("<", 1_000), b"\xa1\xb2\xc3\xd4": (">", 1_000),
               b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
 PCAPNG_SHB = 0x0A0D0D0A
 CHUNK = 1 << 20  # offsets per call of the walker
-WALK_SOURCE = Path(__file__).with_name("walk.c")
+WALK_SOURCE = resources.c_source("analysis", "walk.c")
 
 
 class PcapError(TrimlabError):
@@ -44,8 +45,6 @@ class PcapError(TrimlabError):
 @lru_cache(maxsize=1)
 def _walker():
     """The compiled walker, or None (then the Python loop below does the same)."""
-    from testbed import native
-
     try:
         lib = ctypes.CDLL(str(native.build(WALK_SOURCE, "gcc", ["-O2", "-shared", "-fPIC"], "walk", ".so")))
     except (TrimlabError, OSError):
@@ -198,7 +197,7 @@ def _load(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 
-def read(path: str | Path, port: int = wire.DEFAULT_PORT) -> pd.DataFrame:
+def read(path: str | Path, port: int = GRADIENT_PORT) -> pd.DataFrame:
     path = Path(path)
     buf = _load(path)
     size = len(buf)

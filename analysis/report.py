@@ -13,10 +13,14 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import plotly.io as pio
+import torch
+from plotly.offline import get_plotlyjs
 
-from analysis import figures, match
-from analysis.rundata import RunData, RunDataError
-from testbed.errors import TrimlabError
+from trimlab import rundir
+from trimlab.analysis import figures, match
+from trimlab.analysis.rundata import RunData, RunDataError
+from trimlab.errors import TrimlabError
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
@@ -29,14 +33,10 @@ th{background:#f5f5f5} .agree{background:#d9f2d9} .explained{background:#fff1c2}
 
 
 def _plotly_js() -> str:
-    from plotly.offline import get_plotlyjs
-
     return get_plotlyjs()
 
 
 def _figure(fig, div_id: str) -> str:
-    import plotly.io as pio
-
     return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})
 
@@ -74,8 +74,6 @@ def _page(title: str, sections: list[tuple[str, str]]) -> str:
 
 def theory_curve(codec, coords: int) -> pd.DataFrame:
     """The codec's expected per-packet NMSE on Gaussian input against bits per coordinate."""
-    import torch
-
     full = codec.body_bytes(coords)
     nbytes = torch.arange(0, full + 1, 4)
     nmse = codec.expected_nmse(torch.full_like(nbytes, coords), nbytes)
@@ -129,8 +127,7 @@ def render_run(run: RunData) -> str:
     sections = [("Summary", _summary_html(s, run) + (f"<p class=disagree>{html.escape(problem)}</p>" if problem else ""))]
     sections.append(("Congestion", _figure(figures.congestion(run.occupancy, run.traffic_events), "fig-congestion")))
     if rows is not None:
-        c = run.cfg["codec"]
-        theory = theory_curve(run.codec, c["coords"])
+        theory = theory_curve(run.codec, run.cfg.codec.coords)
         sections.append(("Trims → error", _figure(figures.error_by_bits(rows, theory), "fig-error-bits")
                          + _figure(figures.error_by_step(rows), "fig-error-step")))
     sections.append(("Training", _figure(figures.training(run.metrics, run.steps), "fig-training")))
@@ -142,7 +139,7 @@ def render_run(run: RunData) -> str:
 def for_run(path: str | Path, console=None) -> Path:
     """Match, check and write the report of one run; returns report.html's path."""
     run = RunData.open(path)
-    out = run.path / "report.html"
+    out = run.path / rundir.REPORT
     out.write_text(render_run(run))
     if console is not None:
         console.print(f"report: {out} ({observers_line(run.path)})")
@@ -151,7 +148,7 @@ def for_run(path: str | Path, console=None) -> Path:
 
 def observers_line(run_dir: Path) -> str:
     """How the observers' checks came out, in a few words."""
-    p = run_dir / "checks.json"
+    p = run_dir / rundir.CHECKS
     if not p.exists():
         return "packets not matched"
     chk = json.loads(p.read_text())
@@ -168,17 +165,17 @@ def expand(paths: list[str | Path]) -> list[Path]:
     """Run directories, with a sweep directory standing for its points."""
     out = []
     for p in map(Path, paths):
-        if (p / "sweep.json").exists():
-            out += sorted(d for d in p.iterdir() if d.is_dir() and (d / "manifest.json").exists())
-        elif (p / "manifest.json").exists():
+        if (p / rundir.SWEEP_POINTS).exists():
+            out += sorted(d for d in p.iterdir() if d.is_dir() and (d / rundir.MANIFEST).exists())
+        elif (p / rundir.MANIFEST).exists():
             out.append(p)
         else:
-            raise RunDataError(f"{p}: neither a run directory nor a sweep (no manifest.json or sweep.json)")
+            raise RunDataError(f"{p}: neither a run directory nor a sweep (no {rundir.MANIFEST} or {rundir.SWEEP_POINTS})")
     return out
 
 
 def _rows_of(run: RunData) -> pd.DataFrame | None:
-    pq = run.path / "packets.parquet"
+    pq = run.path / rundir.PACKETS_TABLE
     if pq.exists():
         return pd.read_parquet(pq)
     try:

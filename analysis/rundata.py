@@ -12,9 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
-from testbed import wire
-from testbed.errors import TrimlabError
+from trimlab import rundir
+from trimlab.analysis import pcap
+from trimlab.codec import get_codec
+from trimlab.config import GRADIENT_PORT, AgentConfig
+from trimlab.errors import TrimlabError
 
 
 class RunDataError(TrimlabError):
@@ -28,59 +32,51 @@ class RunData:
     @classmethod
     def open(cls, path: str | Path) -> "RunData":
         path = Path(path)
-        if not (path / "manifest.json").exists():
-            raise RunDataError(f"{path}: no manifest.json; give a run directory (runs/<time>-<name>)")
+        if not (path / rundir.MANIFEST).exists():
+            raise RunDataError(f"{path}: no {rundir.MANIFEST}; give a run directory (runs/<time>-<name>)")
         return cls(path)
 
     # -- what the run was --------------------------------------------------------------------
     @cached_property
     def manifest(self) -> dict:
-        return json.loads((self.path / "manifest.json").read_text())
+        return json.loads((self.path / rundir.MANIFEST).read_text())
 
     @cached_property
     def spec(self) -> dict:
         return self.manifest.get("spec", {})
 
     @cached_property
-    def cfg(self) -> dict | None:
+    def cfg(self) -> AgentConfig | None:
         """The agents' configuration (agent.json): absent when the run failed before it."""
-        p = self.path / "agent.json"
-        return json.loads(p.read_text()) if p.exists() else None
+        p = self.path / rundir.AGENT_CONFIG
+        return AgentConfig.read(p) if p.exists() else None
 
     @cached_property
     def codec(self):
-        from testbed.codec import get_codec
-
-        c = self.cfg["codec"]
-        return get_codec(c["name"], **c["params"])
+        return get_codec(self.cfg.codec.name, **self.cfg.codec.params)
 
     @cached_property
     def hosts(self) -> dict[str, dict]:
-        """host -> {role, addr (data address of the run's family), port (switch port)}."""
-        from testbed import inventory
-
-        p = self.path / "inventory.yml"
-        if not p.exists():
-            return {}
-        ipv6 = bool(self.cfg and self.cfg["transport"]["ipv6"])
-        return {h.name: {"role": h.role, "addr": h.vars.get("data_ipv6" if ipv6 else "data_ipv4"),
-                         "port": h.vars.get("switch_port")} for h in inventory.load(p).hosts}
+        """host -> {role, addr (data address of the run's family), port (switch port)}, from
+        the host facts the run recorded in its manifest."""
+        ipv6 = bool(self.cfg and self.cfg.transport.ipv6)
+        return {name: {"role": f.get("role"), "addr": f.get("data_ipv6" if ipv6 else "data_ipv4"),
+                       "port": f.get("switch_port")} for name, f in self.manifest.get("hosts", {}).items()}
 
     @cached_property
     def receivers(self) -> list[str]:
         """Hosts that receive gradient packets: the ps, or every worker when sharded."""
         if not self.cfg:
             return []
-        return [w["name"] for w in self.cfg["workers"]] if self.cfg["topology"] == "sharded" \
-            else [self.cfg["ps"]["name"]]
+        return [w.name for w in self.cfg.workers] if self.cfg.topology == "sharded" else [self.cfg.ps.name]
 
     # -- what the agents wrote ---------------------------------------------------------------
     def agent_csv(self, host: str, name: str) -> pd.DataFrame | None:
-        p = self.path / "agents" / host / name
+        p = self.path / rundir.AGENTS / host / name
         return pd.read_csv(p) if p.exists() and p.stat().st_size else None
 
     def agent_json(self, host: str, name: str) -> dict | None:
-        p = self.path / "agents" / host / name
+        p = self.path / rundir.AGENTS / host / name
         return json.loads(p.read_text()) if p.exists() else None
 
     @cached_property
@@ -88,7 +84,7 @@ class RunData:
         """Every receiver's packets.csv (one row per gradient datagram), with `receiver`."""
         parts = []
         for host in self.receivers:
-            df = self.agent_csv(host, "packets.csv")
+            df = self.agent_csv(host, rundir.PACKET_LOG)
             if df is not None:
                 parts.append(df.assign(receiver=host))
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -96,9 +92,9 @@ class RunData:
     @cached_property
     def steps(self) -> pd.DataFrame:
         """The ps's steps.csv (topology ps), else empty."""
-        if not self.cfg or not self.cfg.get("ps"):
+        if not self.cfg or not self.cfg.ps:
             return pd.DataFrame()
-        df = self.agent_csv(self.cfg["ps"]["name"], "steps.csv")
+        df = self.agent_csv(self.cfg.ps.name, rundir.STEPS)
         return df if df is not None else pd.DataFrame()
 
     @cached_property
@@ -107,20 +103,20 @@ class RunData:
         hook sees gradients, not losses), the loss the training script printed in its
         progress lines is used."""
         parts = []
-        for rank, w in enumerate(self.cfg["workers"] if self.cfg else []):
-            df = self.agent_csv(w["name"], "metrics.csv")
+        for rank, w in enumerate(self.cfg.workers if self.cfg else []):
+            df = self.agent_csv(w.name, rundir.METRICS)
             if df is None:
                 continue
             if df["loss"].isna().all():
-                printed = self.progress(w["name"])
+                printed = self.progress(w.name)
                 if len(printed):
                     df = df.drop(columns="loss").merge(printed[["step", "loss"]], on="step", how="left")
-            parts.append(df.assign(worker=w["name"], rank=rank))
+            parts.append(df.assign(worker=w.name, rank=rank))
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
     def progress(self, host: str) -> pd.DataFrame:
         """The step lines (JSON: event step, step, loss, ...) a host's worker printed."""
-        log = self.path / "logs" / f"{host}-worker.log"
+        log = self.path / rundir.LOGS / rundir.log_file(host, "worker")
         rows = []
         for line in log.read_text().splitlines() if log.exists() else []:
             if line.startswith("{") and '"step"' in line:
@@ -133,35 +129,33 @@ class RunData:
         return pd.DataFrame(rows, columns=sorted({k for r in rows for k in r} | {"step", "loss"}))
 
     def layout(self, rank: int) -> dict | None:
-        return self.agent_json(self.cfg["workers"][rank]["name"], "layout.json")
+        return self.agent_json(self.cfg.workers[rank].name, rundir.LAYOUT)
 
     # -- captures --------------------------------------------------------------------------------
     def capture(self, host: str) -> pd.DataFrame | None:
         """All of a host's capture files (rotated ones too), read and concatenated in time."""
-        from analysis import pcap
-
         def rotation(f: Path) -> str:  # tcpdump -C: NAME.pcap, NAME.pcap1, NAME.pcap2, ...
-            return f.name.removeprefix(f"{host}.pcap")
+            return f.name.removeprefix(rundir.pcap_file(host))
 
-        files = sorted((f for f in (self.path / "pcaps").glob(f"{host}.pcap*")
+        files = sorted((f for f in (self.path / rundir.PCAPS).glob(rundir.pcap_file(host) + "*")
                         if rotation(f) == "" or rotation(f).isdigit()), key=lambda f: int(rotation(f) or 0))
         if not files:
             return None
-        port = self.cfg["transport"]["port"] if self.cfg else wire.DEFAULT_PORT
+        port = self.cfg.transport.port if self.cfg else GRADIENT_PORT
         frames = [pcap.read(f, port=port) for f in files]
         return pd.concat(frames, ignore_index=True).sort_values("ts_ns", kind="stable") \
             if len(frames) > 1 else frames[0]
 
     def capture_stats(self, host: str) -> dict | None:
         """tcpdump's own counts (per interface) for a host's capture."""
-        p = self.path / "pcaps" / f"{host}.capture.json"
+        p = self.path / rundir.PCAPS / rundir.capture_stats_file(host)
         return json.loads(p.read_text()) if p.exists() else None
 
     # -- the switch --------------------------------------------------------------------------------
     @cached_property
     def counters(self) -> dict | None:
         """Switch counters over the run: after − before, at switch, port and queue level."""
-        b, a = (self.path / "switch" / f"counters_{w}.json" for w in ("before", "after"))
+        b, a = (self.path / rundir.SWITCH / f for f in (rundir.COUNTERS_BEFORE, rundir.COUNTERS_AFTER))
         if not (b.exists() and a.exists()):
             return None
         before, after = json.loads(b.read_text()), json.loads(a.read_text())
@@ -173,34 +167,28 @@ class RunData:
 
     @cached_property
     def occupancy(self) -> pd.DataFrame:
-        p = self.path / "switch" / "occupancy.csv"
+        p = self.path / rundir.SWITCH / rundir.OCCUPANCY
         return pd.read_csv(p) if p.exists() and p.stat().st_size else pd.DataFrame()
 
     @cached_property
     def profile(self) -> dict | None:
-        import yaml
-
-        files = [f for f in (self.path / "switch").glob("*.yml")]
+        files = sorted((self.path / rundir.SWITCH).glob(rundir.profile_file("*")))
         return yaml.safe_load(files[0].read_text()) if files else None
 
     # -- ground truth and background flows ------------------------------------------------------
     def truth(self, step: int, rank: int) -> np.ndarray | None:
-        p = self.path / "truth" / f"step{step:06d}-rank{rank}.npy"
+        p = self.path / rundir.TRUTH / rundir.truth_file(step, rank)
         return np.load(p) if p.exists() else None
 
     @cached_property
     def truth_steps(self) -> list[tuple[int, int]]:
-        out = []
-        for f in (self.path / "truth").glob("step*-rank*.npy"):
-            s, r = f.stem.removeprefix("step").split("-rank")
-            out.append((int(s), int(r)))
-        return sorted(out)
+        return sorted(rundir.truth_key(f.name) for f in (self.path / rundir.TRUTH).glob(rundir.TRUTH_GLOB))
 
     @cached_property
     def traffic_events(self) -> pd.DataFrame:
         """Background flows switching on and off: t (s, epoch), flow, event."""
         rows = []
-        for log in sorted((self.path / "logs").glob("*-traffic*.log")):
+        for log in sorted((self.path / rundir.LOGS).glob(rundir.log_file("*", "traffic*"))):
             flow = log.stem.rsplit("-", 1)[-1]
             for line in log.read_text().splitlines():
                 if line.startswith("{"):

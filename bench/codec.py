@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from testbed import wire
-from testbed.codec import CODECS, CodecContext, get_codec
-from testbed.codec.embedded import distortion
+from trimlab import wire
+from trimlab.codec import CODECS, CodecContext, get_codec
+from trimlab.codec.embedded import distortion
 
 SPAN = 4096
 PLANE_COORDS = 1024  # B for the "k bits per coordinate" rows

@@ -19,17 +19,30 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+from trimlab import resources, rundir
+from trimlab.config import (
+    TRAFFIC_PORT,
+    AgentConfig,
+    CodecConfig,
+    HostConfig,
+    TransportConfig,
+    WorkloadConfig,
+)
+from trimlab.spec import load_profile
+from trimlab.targets import Port, get_target
+from trimlab.vrack import rack
+
+SCRIPT = resources.example_ddp_script()
 MASTER_PORT = 29600
 
 
-def _config(st, steps: int) -> dict:
+def _config(st, steps: int) -> AgentConfig:
     workers = [h for h in st.nic_hosts if h.role == "worker"]
-    return {"name": "bench-ddp", "job": 11, "seed": 2, "steps": steps, "mtu": st.mtu, "topology": "sharded",
-            "codec": {"name": "embedded", "params": {"planes": 16}, "span": 4096, "coords": 480},
-            "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 500, "pacing_bps": None,
-                          "port": 47000, "ipv6": False},
-            "workers": [{"name": h.name, "addr": h.data_ipv4} for h in workers]}
+    return AgentConfig(name="bench-ddp", job=11, seed=2, steps=steps, mtu=st.mtu, topology="sharded",
+                       workload=WorkloadConfig(kind="ddp", steps=steps),
+                       codec=CodecConfig(name="embedded", params={"planes": 16}, span=4096, coords=480),
+                       transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=500),
+                       workers=[HostConfig(name=h.name, addr=h.data_ipv4) for h in workers])
 
 
 def _train(st, cfg_path: Path, comm: str, steps: int, out: Path) -> dict:
@@ -57,11 +70,6 @@ def _train(st, cfg_path: Path, comm: str, steps: int, out: Path) -> dict:
 
 
 def run(quick: bool = False, rack_id: str = "bdd") -> dict:
-    from testbed.spec import load_profile
-    from testbed.targets import get_target
-    from testbed.targets.base import Port
-    from testbed.vrack import rack
-
     steps, rounds = (12, 1) if quick else (40, 3)
     tmp = Path(tempfile.mkdtemp(prefix="trimlab-bench-ddp-"))
     st = rack.up(rack.plan(rack_id, 4, 0, 1, "100mbit", 1500, 0))
@@ -69,16 +77,16 @@ def run(quick: bool = False, rack_id: str = "bdd") -> dict:
     try:
         prof = load_profile("default")
         st.vswitch().apply(get_target("vswitch").render(prof, [Port(p) for p in st.ports]).config)
-        cfg_path = tmp / "agent.json"
-        cfg_path.write_text(json.dumps(_config(st, steps)))
+        cfg_path = tmp / rundir.AGENT_CONFIG
+        _config(st, steps).write(cfg_path)
         w1 = next(h for h in st.nic_hosts if h.role == "worker")
         tr = next(h for h in st.nic_hosts if h.role == "traffic")
         result: dict = {"bench": "ddp", "quick": quick, "steps": steps, "rounds": rounds, "workers": 4,
                         "rate": "100mbit", "background": "60mbit UDP, DSCP 0, into w1's port"}
         for congestion in (False, True):
             if congestion:
-                flow = subprocess.Popen(["ip", "netns", "exec", tr.ns, sys.executable, "-m", "agents.traffic", "send",
-                                         "--dst", w1.data_ipv4, "--port", "48000", "--rate", "60mbit", "--dscp", "0"],
+                flow = subprocess.Popen(["ip", "netns", "exec", tr.ns, sys.executable, "-m", "trimlab.agents.traffic", "send",
+                                         "--dst", w1.data_ipv4, "--port", str(TRAFFIC_PORT), "--rate", "60mbit", "--dscp", "0"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             hook, gloo = [], []
             for _ in range(rounds):

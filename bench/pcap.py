@@ -1,4 +1,4 @@
-"""`trimlab bench pcap`: packets per second of analysis.pcap.read on a capture shaped like
+"""`trimlab bench pcap`: packets per second of trimlab.analysis.pcap.read on a capture shaped like
 a ps's receiver capture (gradient packets from four workers, a sixth of them trimmed and
 remarked, parameter chunks and ACKs on the control port), against dpkt building the same
 table and `tshark -T fields` printing the same fields, on the same file in the same run."""
@@ -13,20 +13,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed import wire
+import numpy as np
+import pandas as pd
+import torch
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from trimlab import wire
+from trimlab.analysis import pcap
+from trimlab.codec import get_codec
+from trimlab.config import GRADIENT_PORT
 
 FIELDS = ("ts_ns", "caplen", "wirelen", "dscp", "src", "dst", "sport", "dport", "udp_len")
 
 
 def frames(seed: int = 0) -> list[bytes]:
     """A pool of distinct frames: real trimlab packets (some trimmed) and control packets."""
-    import torch
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.packet import Raw
-
-    from testbed.codec import get_codec
-
     codec = get_codec("embedded", planes=16)
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -37,7 +40,7 @@ def frames(seed: int = 0) -> list[bytes]:
             for i, p in enumerate(payloads):
                 trimmed = i % 6 == 5
                 ip = IP(src=f"198.19.0.{10 + rank}", dst="198.19.0.14", tos=(8 if trimmed else 10) << 2)
-                frame = bytes(Ether() / ip / UDP(sport=47000, dport=47000) / Raw(p))
+                frame = bytes(Ether() / ip / UDP(sport=GRADIENT_PORT, dport=GRADIENT_PORT) / Raw(p))
                 out.append(frame[:128] if trimmed else frame)
             ctrl = IP(src="198.19.0.14", dst=f"198.19.0.{10 + rank}", tos=46 << 2)
             out.append(bytes(Ether() / ctrl / UDP(sport=47001, dport=47001) / Raw(bytes(1400))))
@@ -68,17 +71,12 @@ def write_capture(path: Path, packets: int, seed: int = 0) -> int:
 
 
 def read_trimlab(path: Path):
-    from analysis import pcap
-
     return pcap.read(path)
 
 
 def read_dpkt(path: Path):
     """The same table with dpkt: one Python object per layer per packet."""
-    import dpkt
-    import numpy as np
-    import pandas as pd
-
+    import dpkt  # a [dev] baseline only, not a dependency of trimlab
     cols = {k: [] for k in FIELDS + tuple(n for n, _ in wire.HEADER_FIELDS)}
     head = struct.Struct("!BBBBHIHHHHHf")
     names = [n for n, _ in wire.HEADER_FIELDS]
@@ -94,7 +92,7 @@ def read_dpkt(path: Path):
             for k, v in zip(FIELDS, row):
                 cols[k].append(v)
             data = bytes(udp.data)
-            if udp.dport == wire.DEFAULT_PORT and len(data) >= wire.HEADER_LEN:
+            if udp.dport == GRADIENT_PORT and len(data) >= wire.HEADER_LEN:
                 mv, cf, planes, pkt, job, step, rank, bucket, span, coords, length, scale = \
                     head.unpack_from(data)
                 vals = [mv >> 4, mv & 15, cf >> 4, cf & 15, planes, pkt, job, step, rank, bucket,

@@ -10,17 +10,18 @@ machine hits the points it compares alike and cancels."""
 from __future__ import annotations
 
 import statistics
-import sys
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("blast.c")
+from trimlab import native, resources
+from trimlab.vrack import rack, vswitch
+
+SOURCE = resources.c_source("bench", "blast.c")
 
 
 def _blaster() -> Path:
-    from testbed import native
-
     return native.build(SOURCE, "gcc", ["-O2"], "blast")
 
 
@@ -31,8 +32,6 @@ def _rx_packets(ns: str) -> int:
 
 
 def run(quick: bool = False, rack_id: str = "bsw") -> dict:
-    from testbed.vrack import rack, vswitch
-
     seconds, rounds = (0.5, 5) if quick else (1.0, 11)
     st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", 1500, 0))
     sink = None

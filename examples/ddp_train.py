@@ -39,7 +39,10 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     ddp = DDP(model)
     if args.comm == "trimlab":
-        from agents.ddp_hook import TrimlabState, trimlab_hook
+        from trimlab.agents.ddp_hook import (  # the baseline runs without trimlab
+            TrimlabState,
+            trimlab_hook,
+        )
         ddp.register_comm_hook(TrimlabState.from_env(), trimlab_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     g = torch.Generator().manual_seed(1000 * args.seed + rank)  # each rank its own batches

@@ -1,16 +1,27 @@
-"""`trimlab`: the command line. It must start fast, so torch and friends are imported
-inside the commands that need them. User errors (TrimlabError) print one line, exit 2."""
+"""`trimlab`: the command line. It must start fast, so the modules that load torch, pandas
+and plotly (benches, experiments, reports) are imported inside the commands that need
+them. User errors (TrimlabError) print one line, exit 2."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from testbed.errors import TrimlabError
+from trimlab import provision as prov
+from trimlab import resources
+from trimlab.doctor import run_checks
+from trimlab.errors import TrimlabError
+from trimlab.spec import TrimPlan, load_profile, validated
+from trimlab.targets import Port, get_target
+from trimlab.vrack import rack, vswitch
 
 app = typer.Typer(help="trimlab: ML training over packet-trimming switches.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -30,8 +41,6 @@ err_console = Console(stderr=True, soft_wrap=True)
 @app.command()
 def doctor(as_json: bool = typer.Option(False, "--json", help="print the checks as JSON")):
     """Check root, kernel features (netns, clsact, tc BPF), tools and Python packages."""
-    from testbed.doctor import run_checks
-
     checks = run_checks()
     failed = [c for c in checks if c.required and not c.ok]
     if as_json:
@@ -56,8 +65,6 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
          ipv6: bool = typer.Option(False, "--ipv6", help="IPv6 instead of IPv4"),
          as_json: bool = typer.Option(False, "--json")):
     """Bits per coordinate that survive a trim of size S, and the expected NMSE."""
-    from testbed.spec import TrimPlan, validated
-
     params = {}
     if planes is not None:
         params["planes"] = planes
@@ -83,7 +90,7 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
 def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
                 quick: bool = typer.Option(False, help="smaller NMSE tensors and fewer repeats (< 30 s)")):
     """NMSE per codec and kept size vs theory; encode+decode time over clone() time."""
-    from bench.codec import run
+    from trimlab.bench.codec import run  # heavy (torch, pandas): only for this command
 
     result = run(quick=quick)
     if as_json:
@@ -109,8 +116,6 @@ def rack_up(workers: int = typer.Option(4, help="worker hosts"),
             delay: float = typer.Option(0.0, help="one-way delay added at each host NIC, ms"),
             rack_id: str = typer.Option("0", "--id", help="rack id: 1-6 lowercase letters/digits")):
     """Build a virtual rack: namespaces, management bridge, sshd, the trimming switch."""
-    from testbed.vrack import rack
-
     st = rack.plan(rack_id, workers, ps, traffic, rate, mtu, delay)
     with console.status(f"building rack {rack_id} ({len(st.hosts)} namespaces)"):
         rack.up(st)
@@ -122,8 +127,6 @@ def rack_up(workers: int = typer.Option(4, help="worker hosts"),
 @rack_app.command("status")
 def rack_status(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--json")):
     """Hosts, ports, whether sshd answers and the switch program is attached."""
-    from testbed.vrack import rack
-
     info = rack.status(rack.resolve(rack_id))
     if as_json:
         print(json.dumps(info, indent=2))
@@ -142,8 +145,6 @@ def rack_status(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--j
 def rack_down(rack_id: str = RACK_ID,
               everything: bool = typer.Option(False, "--all", help="remove every tl* object, state file or not")):
     """Take a rack down; nothing of it remains."""
-    from testbed.vrack import rack
-
     if everything:
         ids = rack.down_all()
         console.print(f"removed every tl* namespace, link and pin (racks: {', '.join(ids) or 'none recorded'})")
@@ -159,8 +160,6 @@ def switch_apply(config: str = typer.Argument(..., help="SONiC Config DB fragmen
                  check: bool = typer.Option(False, "--check", help="change nothing; say what would change"),
                  report: bool = typer.Option(False, "--report", help="print {changed, diff} as JSON (for Ansible)")):
     """Change the running switch (validated whole first; counters are kept)."""
-    from testbed.vrack import rack, vswitch
-
     sw = rack.resolve(rack_id).vswitch()
     doc = vswitch.load_config_file(config)
     _, cfg, diff = sw.plan(doc)
@@ -177,16 +176,12 @@ def switch_apply(config: str = typer.Argument(..., help="SONiC Config DB fragmen
 @switch_app.command("show")
 def switch_show(rack_id: str = RACK_ID):
     """The running configuration, as a SONiC Config DB fragment."""
-    from testbed.vrack import rack
-
     print(json.dumps(rack.resolve(rack_id).vswitch().read().to_config_db(), indent=2))
 
 
 @switch_app.command("counters")
 def switch_counters(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--json")):
     """SONiC-named counters at switch, port and queue level."""
-    from testbed.vrack import rack, vswitch
-
     c = rack.resolve(rack_id).vswitch().counters()
     if as_json:
         print(json.dumps(c, indent=2))
@@ -204,9 +199,6 @@ def switch_render(profile: str = typer.Argument(..., help="profile name (switch_
                   ports: str = typer.Option(None, help="comma-separated ports, NAME or NAME:network "
                                                       "(default: the target's example ports)")):
     """Print what a profile would apply on a target: config data and CLI lines."""
-    from testbed.spec import load_profile
-    from testbed.targets import Port, get_target
-
     t = get_target(target)
     port_list = list(t.default_ports)
     if ports:
@@ -220,12 +212,6 @@ def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"
                   duration: float = typer.Option(None, help="stop after this many seconds (default: until signalled)"),
                   rack_id: str = RACK_ID):
     """Record occupancy and counters per port and queue into a CSV, until stopped."""
-    import os
-    import signal
-    import threading
-
-    from testbed.vrack import rack, vswitch
-
     st = rack.resolve(rack_id)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -243,7 +229,7 @@ def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"
 def bench_switch(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
                  quick: bool = typer.Option(False, help="shorter points, fewer rounds")):
     """Packets/s through the virtual switch: program vs none, all trimmed vs none trimmed."""
-    from bench.switch import run
+    from trimlab.bench.switch import run  # heavy (torch, pandas): only for this command
 
     result = run(quick=quick)
     print(json.dumps(result, indent=None if as_json else 2))
@@ -254,7 +240,7 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
                quick: bool = typer.Option(False, help="50 k packets instead of 1 M"),
                packets: int = typer.Option(None, min=1000, help="packets in the capture")):
     """Packets/s of the capture reader on a 1 M-packet capture, vs dpkt and tshark -T fields."""
-    from bench.pcap import run
+    from trimlab.bench.pcap import run  # heavy (torch, pandas): only for this command
 
     result = run(quick=quick, packets=packets)
     print(json.dumps(result, indent=None if as_json else 2))
@@ -264,7 +250,7 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
 def bench_ddp(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
               quick: bool = typer.Option(False, help="12 steps, one round")):
     """Step time of a DDP script with trimlab's comm hook vs gloo all-reduce, on a virtual rack."""
-    from bench.ddp import run
+    from trimlab.bench.ddp import run  # heavy (torch, pandas): only for this command
 
     result = run(quick=quick)
     print(json.dumps(result, indent=None if as_json else 2))
@@ -279,10 +265,6 @@ def provision(inventory: str = typer.Option(None, "-i", "--inventory", help="Ans
               tags: str = typer.Option(None, help="only these roles: trim_switch,nic_host,trimlab_agent,capture"),
               rack_id: str = RACK_ID):
     """Configure trimming on every switch and prepare every host, through Ansible."""
-    from pathlib import Path
-
-    from testbed import provision as prov
-
     inv = Path(inventory) if inventory else prov.default_inventory(rack_id)
     out = prov.run(inv, profile=profile, check=check, limit=limit, tags=tags, console=console)
     table = Table("host", "ok", "changed", "failed", "skipped", "unreachable",
@@ -306,9 +288,7 @@ def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. e
             keep_rack: bool = typer.Option(False, "--keep-rack", help="leave the virtual rack up"),
             runs: str = typer.Option("runs", help="directory for run directories")):
     """Run an experiment (every point of its sweep): rack, provisioning, agents, artifacts."""
-    from pathlib import Path
-
-    from testbed import experiment
+    from trimlab import experiment  # heavy (torch, pandas): only for this command
 
     try:
         experiment.run(spec, inventory, overrides, keep_rack, Path(runs), console=console)
@@ -323,9 +303,9 @@ def report(runs: list[str] = typer.Argument(..., help="run directories, or a swe
                                    "one run, SWEEP/report.html for a sweep, else ./comparison.html)")):
     """Write a run's interactive report (packets.parquet, checks.json, report.html), or one
     page comparing several runs or a sweep's points."""
-    from pathlib import Path
-
-    from analysis import report as rep
+    from trimlab.analysis import (
+        report as rep,  # heavy (torch, pandas): only for this command
+    )
 
     paths = [Path(r) for r in runs]
     single = len(paths) == 1 and not (paths[0] / "sweep.json").exists()
@@ -341,9 +321,8 @@ def report(runs: list[str] = typer.Argument(..., help="run directories, or a swe
 @app.command()
 def demo(runs: str = typer.Option("runs", help="directory for run directories")):
     """The default experiment (experiments/default.yaml) on a virtual rack."""
-    from pathlib import Path
 
-    spec = Path(__file__).resolve().parent.parent / "experiments" / "default.yaml"
+    spec = resources.data("experiments", "default.yaml")
     run_cmd(str(spec), None, [], False, runs)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.errors import SpecError
+from trimlab.errors import SpecError
+from trimlab.spec import read_yaml
+from trimlab.targets import TARGETS
 
 ROLES = ("worker", "ps", "traffic")
 
@@ -49,8 +51,6 @@ def _walk(group: dict, name: str, inherited: dict, out: dict[str, dict[str, dict
 
 
 def load(path: str | Path) -> Rack:
-    from testbed.spec import read_yaml
-
     path = Path(path)
     doc = read_yaml(path, "inventory")
     if not isinstance(doc, dict) or "all" not in doc:
@@ -60,8 +60,6 @@ def load(path: str | Path) -> Rack:
     for g in ("trim_switches", "nic_hosts"):
         if not groups.get(g):
             raise SpecError(f"inventory {path}: group {g} is missing or empty")
-    from testbed.targets import TARGETS
-
     switches = []
     for name, v in groups["trim_switches"].items():
         os_ = v.get("trim_switch_os")

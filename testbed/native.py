@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from testbed.errors import TrimlabError
+from trimlab.errors import TrimlabError
 
 
 class BuildError(TrimlabError):

@@ -4,17 +4,26 @@ per-task progress and a per-host summary."""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.errors import TrimlabError
+from rich.table import Table
 
-PLAYBOOK_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+from trimlab import inventory as inv
+from trimlab import resources, rundir
+from trimlab.errors import TrimlabError
+from trimlab.spec import load_profile
+from trimlab.targets import Port, get_target
+from trimlab.vrack import rack
+
+PLAYBOOK_DIR = resources.playbooks()
 CONNECT_TIMEOUT_S = 10
 
 
@@ -47,24 +56,40 @@ class Outcome:
 
 
 def build_agent_wheel(out_dir: Path) -> Path:
-    """This trimlab as a wheel, for the trimlab_agent role to install on real hosts."""
-    import subprocess
-
-    project = PLAYBOOK_DIR.parent
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir),
-                          str(project)], capture_output=True, text=True)
+    """This trimlab as a wheel, for the trimlab_agent role to install (with its [agent]
+    extra) on real hosts. Built from a clean copy of the source tree (an in-tree build/
+    can hold files since deleted); an installed trimlab has no tree, so there the inventory
+    names a wheel (trimlab_agent_wheel)."""
+    project = Path(__file__).resolve().parent.parent
+    if not (project / "pyproject.toml").exists():
+        raise ProvisionError("no trimlab source tree to build the hosts' wheel from: set trimlab_agent_wheel "
+                             "in the inventory's vars to a trimlab wheel (pip wheel --no-deps trimlab)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trimlab-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(project, src, ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "runs", "__pycache__", ".pytest_cache", ".hypothesis"))
+        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(src)]
+        if _build_backend_here():  # no index needed
+            argv[4:4] = ["--no-build-isolation"]
+        out = subprocess.run(argv, capture_output=True, text=True)
     wheels = sorted(out_dir.glob("trimlab-*.whl"))
     if out.returncode or not wheels:
         raise ProvisionError(f"building the trimlab wheel for the hosts failed: {out.stderr.strip()[-300:]}")
     return wheels[-1]
 
 
+def _build_backend_here() -> bool:
+    """Whether this environment has the build backend pyproject.toml asks for."""
+    try:
+        return int(md.version("setuptools").split(".")[0]) >= 77
+    except (md.PackageNotFoundError, ValueError):
+        return False
+
+
 def render_profiles(rack, profile_name: str, out_dir: Path) -> dict[str, str]:
     """Render the profile for every switch into out_dir; every target's limits are checked
     here, before Ansible touches anything. Returns switch -> target."""
-    from testbed.spec import load_profile
-    from testbed.targets import Port, get_target
-
     profile = load_profile(profile_name)
     done = {}
     for sw in rack.switches:
@@ -121,8 +146,6 @@ class Progress:
         return True
 
     def render(self):
-        from rich.table import Table
-
         t = Table("host", "ok", "changed", "failed", "unreachable", title=f"task: {self.task}")
         for h, r in sorted(self.hosts.items()):
             t.add_row(h, str(r.ok), str(r.changed), str(r.failed), str(r.unreachable))
@@ -137,9 +160,7 @@ def _message(res: dict) -> str:
 def run(inventory: Path, profile: str = "default", check: bool = False, limit: str | None = None,
         tags: str | None = None, extravars: dict | None = None, console=None) -> Outcome:
     """Validate, render, run site.yml; raise nothing for host failures (see Outcome)."""
-    import ansible_runner
-
-    from testbed import inventory as inv
+    import ansible_runner  # heavy (ansible): only when a playbook runs
 
     rack = inv.load(inventory)  # validated before anything is touched
     work = Path(tempfile.mkdtemp(prefix="trimlab-provision-"))
@@ -147,7 +168,7 @@ def run(inventory: Path, profile: str = "default", check: bool = False, limit: s
         rendered = work / "rendered"
         rendered.mkdir()
         render_profiles(rack, profile, rendered)
-        if not rack.virtual:  # real hosts get this exact trimlab; virtual ones share our venv
+        if not rack.virtual and not rack.vars.get("trimlab_agent_wheel"):  # real hosts get this exact trimlab; virtual ones share our venv
             extravars = {"trimlab_agent_wheel": str(build_agent_wheel(work)), **(extravars or {})}
         cmdline = " ".join(["--check" if check else "", "--diff"]).strip()
         # ansible-playbook lives next to this interpreter (the venv), maybe not on PATH.
@@ -194,9 +215,7 @@ def run(inventory: Path, profile: str = "default", check: bool = False, limit: s
 
 def default_inventory(rack_id: str | None) -> Path:
     """Without -i: the running virtual rack's inventory."""
-    from testbed.vrack import rack
-
-    return rack.resolve(rack_id).dir / "inventory.yml"
+    return rack.resolve(rack_id).dir / rundir.INVENTORY
 
 
 __all__ = ["Outcome", "ProvisionError", "default_inventory", "render_profiles", "run"]

@@ -3,15 +3,17 @@ shlex-quoted commands, output streamed line by line into per-host logs, SFTP, fa
 and stopping every remote process a session started (by its process group).
 
     with Session(host) as s:
-        r = s.run(["python", "-m", "agents.worker", "--step", "3"], log=run_dir / "w1.log")
+        r = s.run(["python", "-m", "trimlab.agents.worker", "--step", "3"], log=run_dir / "w1.log")
         proc = s.start(["tcpdump", "-i", "eth1", "-w", "/tmp/w1.pcap"], log=...)
         proc.stop()
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import socket
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from testbed.errors import TrimlabError
+from trimlab.errors import TrimlabError
 
 
 class RemoteError(TrimlabError):
@@ -40,8 +42,6 @@ class Host:
     @classmethod
     def from_inventory(cls, name: str, hvars: dict, inventory_vars: dict) -> "Host":
         """A host of an Ansible inventory (the rack's or a lab's)."""
-        import re
-
         v = {**inventory_vars, **hvars}
         m = re.search(r"UserKnownHostsFile=(\S+)", v.get("ansible_ssh_common_args", ""))
         known = Path(m.group(1)) if m else Path.home() / ".ssh" / "known_hosts"
@@ -129,7 +129,7 @@ class Session:
     """One SSH connection, trusting only the host key pinned in `host.known_hosts`."""
 
     def __init__(self, host: Host, connect_timeout: float = 10.0, keepalive_s: int = 5):
-        import paramiko
+        import paramiko  # heavy (cryptography): only when a host is reached
 
         self.host = host
         self.procs: list[RemoteProcess] = []
@@ -271,8 +271,6 @@ class Session:
 
     def get_tree(self, remote: str, local: Path) -> list[Path]:
         """Copy a remote directory tree (regular files only); returns the local files."""
-        import stat
-
         got = []
         with self.client.open_sftp() as sftp:
             todo = [(remote, local)]

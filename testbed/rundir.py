@@ -3,13 +3,14 @@ so a failed or interrupted run keeps what it collected and says why.
 
     with RunDir.create(Path("runs"), spec) as run:   # status: running
         run.record(inventory=..., hosts={...})
-        ...                                          # artifacts into run.path / "logs" ...
+        ...                                          # artifacts into run.path / LOGS ...
     # leaving the block: succeeded, or failed with the exception as the reason
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata as md
 import json
 import os
 import platform
@@ -19,13 +20,68 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import __version__
+from trimlab import __version__
 
-SUBDIRS = ("logs", "pcaps", "switch", "truth")
+# -- the layout: the only place that names a file in a run directory ---------------------------
+SCHEMA_VERSION = 1  # of this layout, in every manifest; bump it when a name or a format changes
+
+MANIFEST = "manifest.json"
+AGENT_CONFIG = "agent.json"  # trimlab.config.AgentConfig, as the agents got it
+INVENTORY = "inventory.yml"
+SWEEP_POINTS = "sweep.json"  # a sweep's directory: the names of its points
+REPORT = "report.html"
+PACKETS_TABLE = "packets.parquet"
+CHECKS = "checks.json"
+LOGS, PCAPS, SWITCH, TRUTH, AGENTS = "logs", "pcaps", "switch", "truth", "agents"
+SUBDIRS = (LOGS, PCAPS, SWITCH, TRUTH)
+COUNTERS_BEFORE, COUNTERS_AFTER = "counters_before.json", "counters_after.json"  # in switch/
+OCCUPANCY = "occupancy.csv"  # in switch/
+
+# An agent's output folder (on its host; agents/<host>/ once collected): what every agent
+# and the DDP hook write there. pcaps/ and truth/ move to the run's own folders.
+FINAL = "final.json"
+METRICS = "metrics.csv"  # trimlab.config.METRIC_FIELDS
+PACKET_LOG = "packets.csv"  # trimlab.config.PACKET_LOG_FIELDS
+STEPS = "steps.csv"  # the ps: trimlab.config.STEP_FIELDS
+LAYOUT = "layout.json"
+TRUTH_GLOB = "step*-rank*.npy"
+
+
+def truth_file(step: int, rank: int) -> str:
+    """The exact gradient of one rank at one step (truth/)."""
+    return f"step{step:06d}-rank{rank}.npy"
+
+
+def truth_key(name: str) -> tuple[int, int]:
+    """(step, rank) of a truth_file name."""
+    s, r = Path(name).stem.removeprefix("step").split("-rank")
+    return int(s), int(r)
+
+
+def log_file(host: str, kind: str) -> str:
+    """What one agent printed (logs/): kind is worker, ps, capture, traffic0, ..."""
+    return f"{host}-{kind}.log"
+
+
+def pcap_file(name: str) -> str:
+    return f"{name}.pcap"  # tcpdump -C rotates into NAME.pcap1, NAME.pcap2, ...
+
+
+def capture_stats_file(name: str) -> str:
+    return f"{name}.capture.json"  # tcpdump's own counts (pcaps/)
+
+
+def profile_file(profile: str) -> str:
+    return f"{profile}.yml"  # the run's effective switch profile (switch/)
+
+
 
 
 def _git_revision() -> str | None:
+    """The source tree's revision; None for an installed wheel (no tree to ask)."""
     root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").exists():
+        return None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5)
@@ -37,8 +93,6 @@ def _git_revision() -> str | None:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {"trimlab": __version__, "python": platform.python_version(), "kernel": platform.release()}
     for dist in ("torch", "numpy", "scapy", "ansible-core", "paramiko"):
         try:
@@ -70,6 +124,7 @@ class RunDir:
         for sub in SUBDIRS:
             (path / sub).mkdir()
         manifest = {
+            "schema_version": SCHEMA_VERSION,
             "name": spec.name,
             "status": "running",
             "reason": None,
@@ -87,9 +142,9 @@ class RunDir:
         return run
 
     def save(self) -> None:
-        tmp = self.path / "manifest.json.tmp"
+        tmp = self.path / f"{MANIFEST}.tmp"
         tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n")
-        tmp.replace(self.path / "manifest.json")  # readers never see half a manifest
+        tmp.replace(self.path / MANIFEST)  # readers never see half a manifest
 
     def record(self, **fields) -> None:
         """Add to the manifest (inventory, host facts, counters...) and write it now."""

@@ -1,7 +1,7 @@
-"""The trimlab header as a scapy layer, declared from testbed.wire.HEADER_FIELDS.
+"""The trimlab header as a scapy layer, declared from trimlab.wire.HEADER_FIELDS.
 
     from scapy.layers.inet import IP, UDP
-    from testbed.scapy_layer import TrimGrad
+    from trimlab.scapy_layer import TrimGrad
     pkt = IP(raw_bytes)              # UDP port 47000 dissects as TrimGrad + Raw body
     pkt[TrimGrad].planes, pkt[TrimGrad].step
 
@@ -15,7 +15,8 @@ from scapy.fields import BitField, ByteField, IEEEFloatField, IntField, ShortFie
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from testbed import wire
+from trimlab import wire
+from trimlab.config import GRADIENT_PORT
 
 _DEFAULTS = {"magic": wire.MAGIC, "version": wire.VERSION, "length": None, "scale": 1.0}
 
@@ -47,4 +48,4 @@ class TrimGrad(Packet):
                             "packet=%packet% B=%coords% len=%length%")
 
 
-bind_layers(UDP, TrimGrad, dport=wire.DEFAULT_PORT)
+bind_layers(UDP, TrimGrad, dport=GRADIENT_PORT)

@@ -7,22 +7,24 @@ The experiment spec and the switch profiles join this module with the issues tha
 from __future__ import annotations
 
 import copy
+import ipaddress
+import itertools
 import re
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from testbed import wire
-from testbed.errors import SpecError
+from trimlab import resources, wire
+from trimlab.config import GRADIENT_PORT, WorkloadConfig
+from trimlab.errors import CodecError, SpecError
 
 CodecName = Literal["embedded", "sign_tail", "fp32", "bf16"]
 
 
 def read_yaml(path: str | Path, what: str):
     """A YAML file's content; a missing or malformed file is one SpecError line."""
-    import yaml
-
     try:
         return yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
@@ -60,7 +62,7 @@ class TrimPlan(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
-        from testbed.codec import get_codec
+        from trimlab.codec import get_codec  # heavy (torch): the CLI starts without it
 
         # SpecError (not ValueError) passes through pydantic, keeping the field's name.
         if self.ipv6 and self.mtu < 1280:
@@ -83,9 +85,9 @@ class TrimPlan(BaseModel):
 
     def figures(self) -> dict[str, Any]:
         """The plan's numbers: sizes, bits per coordinate kept, expected NMSE."""
-        import torch
+        import torch  # heavy: the CLI starts without it
 
-        from testbed.codec import get_codec
+        from trimlab.codec import get_codec  # heavy (torch): the CLI starts without it
 
         codec = get_codec(self.codec, **self.codec_params)
         body = codec.body_bytes(self.coords)
@@ -113,7 +115,6 @@ class TrimPlan(BaseModel):
 
 # -- trimming profiles ---------------------------------------------------------------------
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "switch_configs" / "profiles"
 
 
 class BufferSpec(BaseModel):
@@ -177,7 +178,6 @@ class TrimProfile(BaseModel):
         for d, tc in (self.dscp_to_tc or {}).items():
             if not (0 <= d <= 63 and 0 <= tc <= 7):
                 raise SpecError(f"dscp_to_tc: {d}: {tc} must map a DSCP 0..63 to a traffic class 0..7")
-        import ipaddress
         for src in self.exempt_sources:
             try:
                 ipaddress.ip_network(src)
@@ -191,13 +191,17 @@ class TrimProfile(BaseModel):
 
 
 def load_profile(name_or_path: str) -> TrimProfile:
-    """A profile by name (switch_configs/profiles/NAME.yml) or path."""
+    """A profile by path, or by name: NAME.yml in TRIMLAB_PROFILES' folders, then the
+    packaged switch_configs/profiles."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = PROFILES_DIR / f"{name_or_path}.yml"
+        dirs = resources.profile_dirs()
+        path = next((d / f"{name_or_path}.yml" for d in dirs if (d / f"{name_or_path}.yml").exists()),
+                    dirs[-1] / f"{name_or_path}.yml")
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yml")))
-        raise SpecError(f"profile {name_or_path!r} not found; profiles: {known}")
+        known = ", ".join(sorted({p.stem for d in resources.profile_dirs() for p in d.glob("*.yml")}))
+        raise SpecError(f"profile {name_or_path!r} not found; profiles: {known} "
+                        "(add folders of your own with TRIMLAB_PROFILES)")
     data = read_yaml(path, "profile") or {}
     try:
         return validated(TrimProfile, data)
@@ -230,33 +234,6 @@ class RackSpec(_Strict):
         return self
 
 
-class WorkloadSpec(_Strict):
-    kind: Literal["digits", "synthetic", "custom", "ddp"] = "digits"
-    model: Literal["mlp", "cnn"] = "mlp"
-    steps: int = Field(100, ge=1, le=1_000_000)
-    batch: int = Field(64, ge=1, le=65536)
-    lr: float = Field(0.1, gt=0, le=10)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
-    factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
-    dataset: str | None = Field(None, description="custom: path to a local dataset")
-    script: str | None = Field(None, description="ddp: a torch DDP script that registers trimlab's comm "
-                                                 "hook (default: examples/ddp_train.py), the same path on every host")
-
-    @model_validator(mode="after")
-    def _custom(self):
-        if self.script and self.kind != "ddp":
-            raise SpecError("workload.script only applies to workload.kind=ddp")
-        if self.kind == "custom" and not (self.factory and self.dataset):
-            raise SpecError("workload.kind=custom needs workload.factory (module:function) and "
-                            "workload.dataset (a local path)")
-        if self.kind != "custom" and (self.factory or self.dataset):
-            raise SpecError("workload.factory and workload.dataset only apply to workload.kind=custom")
-        if self.factory and ":" not in self.factory:
-            raise SpecError(f"workload.factory={self.factory!r}: use 'package.module:function'")
-        return self
-
-
 class CodecSpec(_Strict):
     name: CodecName = "embedded"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -265,9 +242,7 @@ class CodecSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        from testbed.codec import get_codec
-        from testbed.errors import CodecError
-
+        from trimlab.codec import get_codec  # heavy (torch): the CLI starts without it
         if self.span & (self.span - 1):
             raise SpecError(f"codec.span={self.span}: must be a power of two (32..1048576)")
         if self.coords is not None and (self.coords <= 0 or self.coords % 32):
@@ -284,7 +259,7 @@ class TransportSpec(_Strict):
     control_dscp: int = Field(46, ge=0, le=63, description="DSCP of parameters (not trimmable)")
     deadline_ms: float = Field(200.0, gt=0, le=60_000)
     pacing: str | None = Field(None, pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
-    port: int = Field(47000, ge=1024, le=65535)
+    port: int = Field(GRADIENT_PORT, ge=1024, le=65535)
     ipv6: bool = False
 
     @model_validator(mode="after")
@@ -335,7 +310,7 @@ class ExperimentSpec(_Strict):
                                                "sharded: each worker owns 1/N of the gradient")
     rack: RackSpec = Field(default_factory=RackSpec)
     profile: str = "default"
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     codec: CodecSpec = Field(default_factory=CodecSpec)
     transport: TransportSpec = Field(default_factory=TransportSpec)
     congestion: CongestionSpec = Field(default_factory=CongestionSpec)
@@ -375,8 +350,6 @@ class ExperimentSpec(_Strict):
 
     def points(self) -> list["ExperimentSpec"]:
         """The sweep's cartesian product, one validated spec each (the spec itself if no sweep)."""
-        import itertools
-
         if not self.sweep and not self.extra_points:
             return [self]
         base = self.model_dump(exclude={"sweep", "extra_points"})
@@ -423,8 +396,6 @@ def set_path(data: dict, path: str, value) -> None:
 
 def parse_override(item: str) -> tuple[str, Any]:
     """--set key.path=value; the value is read as YAML (numbers, booleans, lists)."""
-    import yaml
-
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise SpecError(f"--set {item!r}: use key.path=value, e.g. --set workload.steps=50")
@@ -434,9 +405,22 @@ def parse_override(item: str) -> tuple[str, Any]:
         return key.strip(), raw
 
 
+def find_experiment(path: str) -> Path:
+    """A spec file: the path as given, else by name (`default`, `default.yaml` or
+    `experiments/default.yaml`) in TRIMLAB_EXPERIMENTS' folders, then the packaged ones."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    name = given.name if given.suffix else f"{given.name}.yaml"
+    for d in resources.experiment_dirs():
+        if (d / name).is_file():
+            return d / name
+    return given  # read_yaml names it: no such file
+
+
 def load_experiment(path: str, overrides: list[str] = ()) -> ExperimentSpec:
     """Read a YAML spec, apply --set overrides, validate (SpecError names the key path)."""
-    data = read_yaml(path, "spec")
+    data = read_yaml(find_experiment(path), "spec")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a spec is a YAML mapping (name: ..., workload: ..., ...)")
     for item in overrides:

@@ -2,7 +2,7 @@
 
 UDP (default port 47000) over IPv4 or IPv6. The header is declared once, in
 HEADER_FIELDS (network byte order); the numpy dtype used for bulk (de)packetizing and
-the scapy layer (testbed.scapy_layer) are both derived from it.
+the scapy layer (trimlab.scapy_layer) are both derived from it.
 
 A switch trim size S counts from the first byte of the Ethernet header (FCS excluded),
 so a trimmed packet keeps S − 14 − 20|40 − 8 − 24 bytes of body.
@@ -16,9 +16,8 @@ from typing import Iterable
 
 import numpy as np
 
-from testbed.errors import WireError
+from trimlab.errors import WireError
 
-DEFAULT_PORT = 47000
 MAGIC = 0xA
 VERSION = 1
 ETH_LEN, IPV4_LEN, IPV6_LEN, UDP_LEN = 14, 20, 40, 8
@@ -27,7 +26,7 @@ ETH_LEN, IPV4_LEN, IPV6_LEN, UDP_LEN = 14, 20, 40, 8
 HEADER_FIELDS: tuple[tuple[str, int | str], ...] = (
     ("magic", 4),     # 0xA
     ("version", 4),   # VERSION
-    ("codec", 4),     # codec id (testbed.codec.BY_ID)
+    ("codec", 4),     # codec id (trimlab.codec.BY_ID)
     ("flags", 4),     # 0x1 unbiased, 0x2 rotated
     ("planes", 8),    # K: bit planes (embedded), bits per value (raw, sign_tail)
     ("packet", 8),    # packet index within its span
@@ -157,7 +156,9 @@ def _check_layout(codec, mtu: int, coords: int | None, span: int, ipv6: bool) ->
 def packetize(grad, codec, mtu: int = 1500, coords: int | None = None, span: int = 4096,
               ids: PacketIds = PacketIds(), seed: int = 0, ipv6: bool = False) -> list[bytes]:
     """Encode a gradient bucket into UDP payloads (header + body) that fit the MTU."""
-    from testbed.codec import CodecContext
+    from trimlab.codec import (
+        CodecContext,  # heavy (torch): wire's header helpers start without it
+    )
 
     coords = _check_layout(codec, mtu, coords, span, ipv6)
     ctx = CodecContext(seed=seed, step=ids.step, bucket=ids.bucket, span=span, coords=coords)
@@ -181,8 +182,8 @@ def packetize(grad, codec, mtu: int = 1500, coords: int | None = None, span: int
 
 @dataclass
 class Depacketized:
-    decoded: object  # testbed.codec.Decoded
-    packets: object  # testbed.codec.Packets: what was accepted, body lengths as received
+    decoded: object  # trimlab.codec.Decoded
+    packets: object  # trimlab.codec.Packets: what was accepted, body lengths as received
     sent_length: np.ndarray  # (P,) UDP payload bytes as sent, per accepted packet
     discarded: collections.Counter  # reason -> count
 
@@ -198,9 +199,9 @@ def depacketize(payloads: Iterable[bytes], codec, numel: int, ids: PacketIds,
     trimmed). Packets of other jobs, steps, buckets or senders, malformed ones and
     duplicates are counted in `discarded`, never raised: a flood of garbage degrades
     nothing but the counters. A packet is missing when it never arrived."""
-    import torch
+    import torch  # heavy: wire's header helpers start without it
 
-    from testbed.codec import CodecContext, Packets
+    from trimlab.codec import CodecContext, Packets  # heavy (torch), as above
 
     discarded: collections.Counter = collections.Counter()
     kept = []

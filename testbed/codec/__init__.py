@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
-from testbed.codec.base import Codec, CodecContext, Decoded, Layout, Packets
-from testbed.codec.embedded import Embedded
-from testbed.codec.raw import BF16, FP32
-from testbed.codec.sign_tail import SignTail
-from testbed.errors import CodecError
+import inspect
+
+from trimlab.codec.base import Codec, CodecContext, Decoded, Layout, Packets
+from trimlab.codec.embedded import Embedded
+from trimlab.codec.raw import BF16, FP32
+from trimlab.codec.sign_tail import SignTail
+from trimlab.errors import CodecError
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (Embedded, SignTail, FP32, BF16)}
 BY_ID: dict[int, type[Codec]] = {c.codec_id: c for c in CODECS.values()}
@@ -27,7 +29,6 @@ def get_codec(name: str = DEFAULT_CODEC, **params) -> Codec:
     try:
         return cls(**params)
     except TypeError as exc:
-        import inspect
         allowed = ", ".join(p for p in inspect.signature(cls).parameters) or "none"
         raise CodecError(f"codec {name!r}: {exc}; its parameters are: {allowed}") from None
 

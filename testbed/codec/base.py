@@ -17,8 +17,8 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from testbed.codec import rht
-from testbed.errors import CodecError
+from trimlab.codec import rht
+from trimlab.errors import CodecError
 
 MAX_PACKETS_PER_SPAN = 256  # the header's packet index is one byte
 MAX_SPANS = 1 << 16  # the header's span index is two bytes

@@ -5,7 +5,7 @@ Hacker's Delight §7-3): eight coordinates' bytes go in, eight plane bytes come 
 carry coordinates MSB first (coordinate 0 in bit 7), like numpy.packbits.
 Multi-byte values in a body (raw floats, sign_tail's tail words) are little-endian: every
 host and accelerator we target stores them so, which makes them views instead of byte
-swaps. The packet header alone is in network byte order (testbed.wire).
+swaps. The packet header alone is in network byte order (trimlab.wire).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import torch
 
 if sys.byteorder != "little":  # the uint8 <-> int64 views below assume it
-    raise ImportError("testbed.codec.bits needs a little-endian host")
+    raise ImportError("trimlab.codec.bits needs a little-endian host")
 
 
 def _antitranspose8_(x: torch.Tensor) -> torch.Tensor:

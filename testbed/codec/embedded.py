@@ -13,9 +13,9 @@ import math
 
 import torch
 
-from testbed.codec import bits
-from testbed.codec.base import Codec
-from testbed.errors import CodecError
+from trimlab.codec import bits
+from trimlab.codec.base import Codec
+from trimlab.errors import CodecError
 
 SQRT3 = math.sqrt(3.0)
 

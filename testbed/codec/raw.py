@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from testbed.codec.base import Codec
+from trimlab.codec.base import Codec
 
 # NMSE of rounding to bfloat16 (8 significant bits, round to nearest): ulp²/12 relative
 # to x² averaged over the significand, ≈ 2^-14 / (12 · 7/3).

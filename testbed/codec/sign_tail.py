@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from testbed.codec import bits
-from testbed.codec.base import Codec
+from trimlab.codec import bits
+from trimlab.codec.base import Codec
 
 
 class SignTail(Codec):

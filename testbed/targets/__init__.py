@@ -9,11 +9,11 @@ The templates live in switch_configs/<target>/; a driver only prepares their con
 
 from __future__ import annotations
 
-from testbed.errors import SpecError
-from testbed.targets.base import Port, Rendered, SwitchTarget
-from testbed.targets.cumulus import Cumulus
-from testbed.targets.sonic import Sonic
-from testbed.targets.vswitch import VSwitchTarget
+from trimlab.errors import SpecError
+from trimlab.targets.base import Port, Rendered, SwitchTarget
+from trimlab.targets.cumulus import Cumulus
+from trimlab.targets.sonic import Sonic
+from trimlab.targets.vswitch import VSwitchTarget
 
 TARGETS: dict[str, type[SwitchTarget]] = {t.name: t for t in (Sonic, Cumulus, VSwitchTarget)}
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import jinja2
 import yaml
 
-from testbed.errors import SpecError
+from trimlab import resources
+from trimlab.errors import SpecError
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "switch_configs"
+TEMPLATES = resources.templates()
 
 
 @dataclass(frozen=True)

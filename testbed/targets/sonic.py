@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 
-from testbed.targets.base import Port, Rendered, SwitchTarget
+from trimlab.targets.base import Port, Rendered, SwitchTarget
 
 
 class Sonic(SwitchTarget):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-from testbed.targets.base import Port, Rendered, SwitchTarget
-from testbed.targets.sonic import Sonic
-from testbed.vrack.vswitch import MIN_TRIM_SIZE
+from trimlab.targets.base import Port, Rendered, SwitchTarget
+from trimlab.targets.sonic import Sonic
+
+MIN_TRIM_SIZE = 14 + 40 + 8  # Ethernet + IPv6 + UDP: every trimmed packet keeps its L4 header
 
 
 class VSwitchTarget(Sonic):

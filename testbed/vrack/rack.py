@@ -22,8 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from testbed.errors import SpecError, TrimlabError
-from testbed.vrack import vswitch
+from trimlab.config import parse_rate
+from trimlab.errors import SpecError, TrimlabError
+from trimlab.vrack import vswitch
 
 BPF_ROOT = Path("/sys/fs/bpf")
 DATA_V4 = "198.19.0"
@@ -46,14 +47,6 @@ def _run(*cmd: str, check: bool = True, ns: str | None = None, timeout: float = 
     if check and out.returncode:
         raise RackError(f"`{' '.join(full)}` failed: {out.stderr.strip()}")
     return out
-
-
-def parse_rate(rate: str) -> int:
-    """'1gbit', '100mbit', '10g', '2500000' → bits per second."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:bit|bps|b)?\s*", rate.lower())
-    if not m:
-        raise SpecError(f"rate={rate!r}: use a number with kbit, mbit or gbit (e.g. 1gbit)")
-    return int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)])
 
 
 @dataclass

@@ -2,11 +2,11 @@ import json
 import subprocess
 import sys
 
-from testbed.codec import CODECS
+from trimlab.codec import CODECS
 
 
 def test_bench_codec_quick_prints_its_json():
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "codec", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "codec", "--json", "--quick"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -27,7 +27,7 @@ def test_bench_codec_quick_prints_its_json():
 
 
 def test_bench_pcap_quick_compares_with_dpkt_and_tshark():
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "pcap", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "pcap", "--json", "--quick"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

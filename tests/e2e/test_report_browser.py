@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from analysis import report
 from tests.unit.synthrun import Synth
+from trimlab.analysis import report
 
 
 def browse(url: str, tmp) -> tuple[str, list[str]]:

@@ -7,7 +7,7 @@ from tests.rack.conftest import require_root
 
 def test_bench_switch_quick_prints_its_json():
     require_root()
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "switch", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "switch", "--json", "--quick"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)

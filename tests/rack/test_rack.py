@@ -3,7 +3,6 @@ side, down after a normal run and after the orchestrator was SIGKILLed mid-up.""
 
 import csv
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -14,16 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.rack.conftest import ROOT, ns_python, new_id, require_root
+from tests.rack.conftest import ROOT, new_id, ns_python, require_root
 
-CLI = [sys.executable, "-m", "testbed.cli"]
+CLI = [sys.executable, "-m", "trimlab.cli"]
 
 
 def leftovers(rack_id: str) -> dict:
     prefix = f"tl{rack_id}-"
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    from testbed.vrack import rack
+    from trimlab.vrack import rack
     return {
         "namespaces": [n for n in ns if n.startswith(prefix)],
         "links": [line for line in links.splitlines() if prefix in line],
@@ -34,7 +33,7 @@ def leftovers(rack_id: str) -> dict:
 
 def assert_clean(rack_id: str, pids=()):
     assert leftovers(rack_id) == {"namespaces": [], "links": [], "pins": [], "dir": False}
-    from testbed.vrack.rack import alive
+    from trimlab.vrack.rack import alive
     deadline = time.monotonic() + 5
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -58,7 +57,7 @@ def rack_id():
     require_root()
     rid = new_id()
     yield rid
-    from testbed.vrack import rack
+    from trimlab.vrack import rack
     try:
         rack.down(rack.RackState.load(rid))
     except rack.RackError:
@@ -70,7 +69,7 @@ def test_up_status_ssh_inventory_down(rack_id, tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     inv_path = Path(out.stdout.strip().splitlines()[-1])
-    from testbed.vrack import rack
+    from trimlab.vrack import rack
     st = rack.RackState.load(rack_id)
     assert inv_path == st.dir / "inventory.yml"
 
@@ -111,7 +110,7 @@ def test_up_status_ssh_inventory_down(rack_id, tmp_path):
 
 
 def test_two_racks_coexist(rack_id):
-    from testbed.vrack import rack
+    from trimlab.vrack import rack
     other = new_id()
     a = rack.up(rack.plan(rack_id, 1, 1, 0, "100mbit", 1500, 0))
     try:
@@ -131,7 +130,7 @@ def test_two_racks_coexist(rack_id):
 
 
 def test_sampler_records_occupancy_every_10ms(rack_id, tmp_path):
-    from testbed.vrack import rack
+    from trimlab.vrack import rack
     st = rack.up(rack.plan(rack_id, 2, 1, 0, "50mbit", 1500, 0))
     out = tmp_path / "occupancy.csv"
     sampler = subprocess.Popen(CLI + ["switch", "sample", "--id", rack_id, "--out", str(out)],
@@ -161,7 +160,7 @@ def test_sampler_records_occupancy_every_10ms(rack_id, tmp_path):
 
 
 def test_down_all_after_sigkill_mid_up(rack_id):
-    from testbed.vrack import rack
+    from trimlab.vrack import rack
     proc = subprocess.Popen(CLI + ["rack", "up", "--id", rack_id, "--workers", "8"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

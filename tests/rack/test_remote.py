@@ -1,11 +1,11 @@
-"""testbed.remote against the real sshd of every rack host."""
+"""trimlab.remote against the real sshd of every rack host."""
 
 import time
 
 import pytest
 
 from tests.rack.conftest import host
-from testbed.remote import Fleet, Host, RemoteError, Session, fan_out
+from trimlab.remote import Fleet, Host, RemoteError, Session, fan_out
 
 
 @pytest.fixture(scope="module")

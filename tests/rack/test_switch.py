@@ -4,7 +4,6 @@ through a virtual rack: scapy-built frames, sockets, tcpdump captures, switch co
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from scapy.layers.inet import IP, TCP, UDP
@@ -13,7 +12,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from tests.rack.conftest import Capture, Receiver, host, ns_python
-from testbed.errors import SpecError
+from trimlab.errors import SpecError
 
 TOS = (10 << 2) | 1  # DSCP 10 (AF11: queue 1, trimmable) with ECN ECT(1)
 
@@ -40,7 +39,7 @@ def rack4(rack_factory):
 
 @pytest.fixture
 def sw(rack4):
-    from testbed.vrack import vswitch
+    from trimlab.vrack import vswitch
     s = rack4.vswitch()
     s.write(vswitch.default_config(rack4.ports, 100))
     yield s
@@ -236,8 +235,9 @@ def test_toggling_trim_and_drop_keeps_counters(rack4, sw):
 
 def test_deterministic_injection_pairs_trim_and_drop_runs(rack4, sw, tmp_path):
     import torch
-    from testbed import wire
-    from testbed.codec import get_codec
+
+    from trimlab import wire
+    from trimlab.codec import get_codec
 
     ps = host(rack4, "ps1")
     pays = wire.packetize(torch.randn(300_000), get_codec("embedded"), ids=wire.PacketIds(job=3, step=1), seed=1)
@@ -285,7 +285,7 @@ def test_bad_configuration_is_one_clear_error_and_changes_nothing(rack4, sw, bad
 def test_switch_cli_apply_show_counters(rack4, sw, tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(fragment(rack4, size=256, dscp_value=46)))
-    cli = [sys.executable, "-m", "testbed.cli"]
+    cli = [sys.executable, "-m", "trimlab.cli"]
     out = subprocess.run(cli + ["switch", "apply", str(cfg), "--id", rack4.id], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     shown = json.loads(subprocess.run(cli + ["switch", "show", "--id", rack4.id], capture_output=True,

@@ -18,9 +18,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import PcapWriter
 
-from agents.protocol import PACKET_LOG_FIELDS
-from testbed import wire
-from testbed.codec import get_codec
+from trimlab import rundir, wire
+from trimlab.codec import CodecContext, get_codec
+from trimlab.config import GRADIENT_PORT, METRIC_FIELDS, PACKET_LOG_FIELDS
 
 T0 = 1_790_000_000.0
 PS = {"name": "s-ps1", "addr": "198.19.0.14", "port": "Ethernet8"}
@@ -49,7 +49,7 @@ class Synth:
                 "codec": {"name": self.codec, "params": get_codec(self.codec).params(), "span": 4096,
                           "coords": self.coords},
                 "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 200, "pacing_bps": None,
-                              "port": 47000, "ipv6": False},
+                              "port": GRADIENT_PORT, "ipv6": False},
                 "truth_every": 2, "eval_every": 2, "ps": {"name": PS["name"], "addr": PS["addr"]},
                 "workers": [{"name": w["name"], "addr": w["addr"]} for w in WORKERS]}
 
@@ -64,11 +64,13 @@ class Synth:
         (path / "agent.json").write_text(json.dumps(cfg))
         spec = {"name": "synth", "codec": {"name": self.codec}, "topology": "ps", "congestion": {},
                 "workload": {"steps": self.steps}}
-        (path / "manifest.json").write_text(json.dumps({"status": "succeeded", "spec": spec, "results": {
-            "test_acc": 0.5 + 0.1 * (self.steps - 1), "wall_s": 3.0, "parameters_identical": True}}))
         hosts = {h["name"]: {"role": "ps" if h is PS else "worker", "data_if": "eth1", "data_ipv4": h["addr"],
                              "switch_port": h["port"], "ansible_host": f"198.18.0.{20 + i}"}
                  for i, h in enumerate([*WORKERS, PS])}
+        facts = {n: {k: v[k] for k in ("role", "data_ipv4", "switch_port")} for n, v in hosts.items()}
+        (path / rundir.MANIFEST).write_text(json.dumps({
+            "schema_version": rundir.SCHEMA_VERSION, "status": "succeeded", "spec": spec, "hosts": facts,
+            "results": {"test_acc": 0.5 + 0.1 * (self.steps - 1), "wall_s": 3.0, "parameters_identical": True}}))
         ports = {h["port"]: {"host": h["name"], "facing": "host", "speed_mbps": 100} for h in [*WORKERS, PS]}
         inv = {"all": {"vars": {}, "children": {
             "trim_switches": {"hosts": {"s-sw": {"trim_switch_os": "vswitch", "ports": ports,
@@ -76,8 +78,6 @@ class Synth:
             "nic_hosts": {"hosts": hosts}}}}
         (path / "inventory.yml").write_text(yaml.safe_dump(inv))
         (path / "switch" / "default.yml").write_text(yaml.safe_dump({"name": "default", "size": 128, "dscp": 48}))
-        from testbed.codec import CodecContext
-
         rx = PcapWriter(str(path / "pcaps" / f"{PS['name']}.pcap"), linktype=1)
         log_rows, t = [], T0
         trims = drops = 0
@@ -89,11 +89,11 @@ class Synth:
             tx = PcapWriter(str(path / "pcaps" / f"{w['name']}.pcap"), linktype=1)
             with open(out / "metrics.csv", "w", newline="") as f:
                 mw = csv.writer(f)
-                mw.writerow(["step", "t", "loss", "grad_norm", "packets", "bytes", "encode_ms", "wait_ms"])
+                mw.writerow(METRIC_FIELDS)
                 for step in range(self.steps):
                     g = self.gradient(step, rank)
                     if step % 2 == 0:
-                        np.save(path / "truth" / f"step{step:06d}-rank{rank}.npy", g.numpy())
+                        np.save(path / rundir.TRUTH / rundir.truth_file(step, rank), g.numpy())
                     ctx = CodecContext(seed=7, step=step, bucket=0, span=4096, coords=self.coords)
                     pk = codec.encode(g, ctx)
                     payloads = wire.packetize(g, codec, 1500, self.coords, 4096, wire.PacketIds(1, step, rank, 0), 7)

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents import protocol as P
-from agents import workloads as W
-from testbed import wire
-from testbed.codec import get_codec
+from trimlab import wire
+from trimlab.agents import workloads as W
+from trimlab.agents.collective import shard_bounds
+from trimlab.codec import get_codec
+from trimlab.config import PACKET_LOG_FIELDS, WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,12 +43,12 @@ def launch(cfg: dict, tmp: Path, late_rank: int | None = None) -> list[subproces
     path.write_text(json.dumps(cfg))
 
     def worker(r):
-        return subprocess.Popen([sys.executable, "-m", "agents.worker", "--config", str(path), "--rank", str(r),
+        return subprocess.Popen([sys.executable, "-m", "trimlab.agents.worker", "--config", str(path), "--rank", str(r),
                                  "--out", str(tmp / f"w{r + 1}")], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     procs = [worker(r) for r in range(len(cfg["workers"])) if r != late_rank]
     if cfg["ps"]:
-        procs.append(subprocess.Popen([sys.executable, "-m", "agents.ps", "--config", str(path),
+        procs.append(subprocess.Popen([sys.executable, "-m", "trimlab.agents.ps", "--config", str(path),
                                        "--out", str(tmp / "ps1")], cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     if late_rank is not None:
@@ -106,7 +107,7 @@ def test_ps_topology_identical_parameters_packet_log_and_flood(tmp_path):
     assert d["unknown_source"] > 0 and d["not_trimlab"] > 0 and d["other_job"] > 0
     assert f["ps1"]["received"] == f["ps1"]["expected"] and f["ps1"]["missing"] == 0
     rows = (tmp_path / "ps1" / "packets.csv").read_text().splitlines()
-    assert rows[0].split(",") == list(P.PACKET_LOG_FIELDS)
+    assert rows[0].split(",") == list(PACKET_LOG_FIELDS)
     accepted = [r.split(",") for r in rows[1:] if r.endswith(",accepted")]
     assert len(accepted) == f["ps1"]["received"]
     assert {r[12] for r in accepted} == {"8"}  # untrimmed: every plane kept
@@ -123,7 +124,7 @@ def test_sharded_topology_identical_parameters(tmp_path):
     assert sorted(f) == ["w1", "w2", "w3"]
     assert len({v["checksum"] for v in f.values()}) == 1
     layout = json.loads((tmp_path / "w1" / "layout.json").read_text())
-    assert [b for b in layout["buckets"].values()] == [list(b) for b in P.shard_bounds(layout["numel"], 3)]
+    assert [b for b in layout["buckets"].values()] == [list(b) for b in shard_bounds(layout["numel"], 3)]
     for w in ("w1", "w2", "w3"):  # each owner logged the packets of its shard from the 2 others
         rows = (tmp_path / w / "packets.csv").read_text().splitlines()[1:]
         own = int(w[1:]) - 1
@@ -139,7 +140,7 @@ def test_a_worker_that_starts_late_still_gets_every_step(tmp_path):
 
 
 def test_flat_sgd_and_parameter_round_trip():
-    wl = W.build({"kind": "digits", "model": "cnn"}, seed=1)
+    wl = W.build(WorkloadConfig(kind="digits", model="cnn"), seed=1)
     flat = W.flat_params(wl.model)
     W.set_flat_params(wl.model, flat * 2)
     assert torch.equal(W.flat_params(wl.model), flat * 2)
@@ -156,14 +157,14 @@ def test_custom_workload_and_its_errors(tmp_path):
     data = {"x_train": torch.randn(40, 4), "y_train": torch.randint(0, 3, (40,)),
             "x_test": torch.randn(10, 4), "y_test": torch.randint(0, 3, (10,))}
     torch.save(data, tmp_path / "d.pt")
-    wl = W.build({"kind": "custom", "factory": "tests.unit.test_agents:tiny", "dataset": str(tmp_path / "d.pt")}, 0)
+    wl = W.build(WorkloadConfig(kind="custom", factory="tests.unit.test_agents:tiny", dataset=str(tmp_path / "d.pt")), 0)
     assert wl.evaluate()[1] >= 0
     with pytest.raises(W.SpecError, match="workload.factory='nope:f': cannot import it"):
-        W.build({"kind": "custom", "factory": "nope:f", "dataset": str(tmp_path / "d.pt")}, 0)
+        W.build(WorkloadConfig(kind="custom", factory="nope:f", dataset=str(tmp_path / "d.pt")), 0)
     del data["y_test"]
     torch.save(data, tmp_path / "e.pt")
     with pytest.raises(W.SpecError, match="missing y_test"):
-        W.build({"kind": "custom", "factory": "tests.unit.test_agents:tiny", "dataset": str(tmp_path / "e.pt")}, 0)
+        W.build(WorkloadConfig(kind="custom", factory="tests.unit.test_agents:tiny", dataset=str(tmp_path / "e.pt")), 0)
 
 
 def tiny():
@@ -172,6 +173,6 @@ def tiny():
 
 @pytest.mark.parametrize("agent", ["worker", "ps", "traffic", "capture", "transport"])
 def test_every_agent_has_help(agent):
-    out = subprocess.run([sys.executable, "-m", f"agents.{agent}", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", f"trimlab.agents.{agent}", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "usage: python -m agents." in out.stdout
+    assert out.returncode == 0 and "usage: python -m trimlab.agents." in out.stdout

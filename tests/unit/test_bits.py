@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from testbed.codec import bits
+from trimlab.codec import bits
 
 
 @pytest.mark.parametrize("k", range(1, 17))

@@ -7,9 +7,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.codec import CODECS, CodecContext, Packets, get_codec
-from testbed.codec.embedded import distortion
-from testbed.errors import CodecError
+from trimlab.codec import CODECS, CodecContext, Packets, get_codec
+from trimlab.codec.embedded import distortion
+from trimlab.errors import CodecError
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CTX = CodecContext(seed=3, step=11, bucket=2, span=4096, coords=1024)
@@ -172,7 +172,7 @@ def test_same_bytes_on_every_device(device):
 
 
 def _digest() -> str:
-    from testbed import wire
+    from trimlab import wire
     x = torch.linspace(-3, 3, 20000).sin()
     h = hashlib.sha256()
     for name in CODECS:

@@ -14,10 +14,12 @@ import pandas as pd
 import pytest
 import torch
 
-from agents.ddp_hook import HookError, TrimlabState
+from trimlab import resources
+from trimlab.agents.ddp_hook import HookError, TrimlabState
+from trimlab.config import AgentConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "ddp_train.py"
+SCRIPT = resources.example_ddp_script()
 
 
 def free_port() -> int:
@@ -27,7 +29,8 @@ def free_port() -> int:
 
 
 def config(world: int, base: int) -> dict:
-    return {"name": "ddp", "job": 9, "seed": 4, "mtu": 1500, "topology": "ddp",
+    return {"name": "ddp", "job": 9, "seed": 4, "steps": 12, "mtu": 1500, "topology": "sharded",
+            "workload": {"kind": "ddp"},
             "codec": {"name": "embedded", "params": {"planes": 16}, "span": 4096, "coords": 480},
             "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 500, "pacing_bps": None,
                           "port": 47300 + base, "ipv6": False},
@@ -81,7 +84,7 @@ def test_from_env_errors(monkeypatch):
     with pytest.raises(HookError, match="TRIMLAB_CONFIG is not set"):
         TrimlabState.from_env()
     with pytest.raises(HookError, match="RANK=5: the trimlab configuration has ranks 0..2"):
-        TrimlabState(config(3, 41), 5)
+        TrimlabState(AgentConfig.model_validate(config(3, 41)), 5)
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA where a GPU exists
@@ -95,7 +98,7 @@ def test_buckets_of_any_size_average_exactly_enough(tmp_path, device):
     import threading
 
     cfg = config(3, 42)
-    states = [TrimlabState(cfg, r, tmp_path / f"w{r + 1}") for r in range(3)]
+    states = [TrimlabState(AgentConfig.model_validate(cfg), r, tmp_path / f"w{r + 1}") for r in range(3)]
     sizes = [1, 2, 5, 70_000]
     grads = {(r, i): torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)).to(device)
              for r in range(3) for i, n in enumerate(sizes)}

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.errors import SpecError
-from testbed.spec import ExperimentSpec, load_experiment, validated
+from trimlab.errors import SpecError
+from trimlab.spec import ExperimentSpec, load_experiment, validated
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed import inventory
-from testbed.errors import SpecError
-from testbed.provision import render_profiles
+from trimlab import inventory
+from trimlab.errors import SpecError
+from trimlab.provision import render_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "playbooks" / "inventories" / "lab.example.yml"
@@ -64,15 +64,7 @@ def test_inventory_errors_name_the_host_and_field(tmp_path, edit, msg):
 
 
 def test_provision_refuses_a_bad_profile_before_touching_anything(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "provision", "-i", str(LAB), "--profile", "default"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "provision", "-i", str(LAB), "--profile", "default"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "profile default: field size=128: target cumulus allows 256..1024, a multiple of 4" in out.stderr
-
-
-def test_the_agent_wheel_for_real_hosts_builds(tmp_path):
-    from testbed.provision import build_agent_wheel
-    wheel = build_agent_wheel(tmp_path)
-    import zipfile
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "testbed/codec/embedded.py" in names and "agents/transport.py" in names

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis import match
-from analysis.rundata import RunData
-from testbed import wire
-from testbed.codec import CodecContext, get_codec
 from tests.unit.synthrun import Synth
+from trimlab import wire
+from trimlab.analysis import match
+from trimlab.analysis.rundata import RunData
+from trimlab.codec import CodecContext, get_codec
 
 TRIMS = {(0, 0, 0, 1): 60, (0, 1, 0, 3): 60, (1, 0, 0, 0): 120, (2, 1, 0, 2): 0, (3, 0, 0, 5): 61}
 DROPS = {(1, 1, 0, 4), (2, 0, 0, 0)}

@@ -12,10 +12,10 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Raw
 from scapy.utils import PcapNgWriter, PcapWriter
 
-from analysis import pcap
-from testbed import wire
-from testbed.codec import get_codec
-from testbed.scapy_layer import TrimGrad
+from trimlab import wire
+from trimlab.analysis import pcap
+from trimlab.codec import get_codec
+from trimlab.scapy_layer import TrimGrad
 
 
 def MAC():

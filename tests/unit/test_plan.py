@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from testbed.errors import SpecError
-from testbed.spec import TrimPlan, validated
+from trimlab.errors import SpecError
+from trimlab.spec import TrimPlan, validated
 
 
 def plan(**kw):
@@ -53,7 +53,7 @@ def test_bad_plans_name_the_field(kw, msg):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "trimlab.cli", *args], capture_output=True, text=True)
 
 
 def test_plan_cli_json_and_refusal():

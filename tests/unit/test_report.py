@@ -8,9 +8,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from analysis import figures, report
-from analysis.rundata import RunData, RunDataError
 from tests.unit.synthrun import Synth
+from trimlab.analysis import figures, report
+from trimlab.analysis.rundata import RunData, RunDataError
 
 FIGURES = ["fig-congestion", "fig-error-bits", "fig-error-step", "fig-training"]
 

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from testbed.codec import rht
+from trimlab.codec import rht
 
 # Golden vector: sign bits (1 = negate, coordinate 0 first) of spans 4 and 5 of
 # (seed=1, step=2, bucket=3), n = 64. Must never change: every host decodes with them.

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from testbed.rundir import RunDir
-from testbed.spec import ExperimentSpec, validated
+from trimlab.rundir import RunDir
+from trimlab.spec import ExperimentSpec, validated
 
 
 def spec(**kw):
@@ -51,8 +51,8 @@ def test_interrupt_is_recorded(tmp_path):
 def test_sigterm_ends_a_run_as_interrupted(tmp_path):
     code = f"""
 import os, signal, time
-from testbed.rundir import RunDir, sigterm_as_interrupt
-from testbed.spec import ExperimentSpec, validated
+from trimlab.rundir import RunDir, sigterm_as_interrupt
+from trimlab.spec import ExperimentSpec, validated
 sigterm_as_interrupt()
 with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})):
     os.kill(os.getpid(), signal.SIGTERM)

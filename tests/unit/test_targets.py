@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import SpecError
-from testbed.spec import PROFILES_DIR, TrimProfile, load_profile
-from testbed.targets import TARGETS, Port, get_target
+from trimlab import resources
+from trimlab.errors import SpecError
+from trimlab.spec import TrimProfile, load_profile
+from trimlab.targets import TARGETS, Port, get_target
 
 GOLDEN = Path(__file__).with_name("golden")
-PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yml"))
+PROFILES = sorted(p.stem for p in resources.data("switch_configs", "profiles").glob("*.yml"))
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -93,7 +94,7 @@ def test_exempt_sources_render_a_disable_trim_acl():
 
 
 def test_vswitch_rendering_is_what_the_virtual_switch_reads():
-    from testbed.vrack.vswitch import default_config, parse_config_db
+    from trimlab.vrack.vswitch import default_config, parse_config_db
     ports = ["Ethernet0", "Ethernet4"]
     r = get_target("vswitch").render(load_profile("sonic-default"), [Port(p) for p in ports])
     cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)

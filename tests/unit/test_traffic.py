@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def agent(*args):
-    return subprocess.Popen([sys.executable, "-m", "agents.traffic", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "trimlab.agents.traffic", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -23,7 +23,7 @@ def test_flow_reaches_the_sink_at_its_rate(protocol, port):
     sink = agent("sink", "--bind", "127.0.30.2", "--port", str(port), "--protocol", protocol)
     try:
         assert '"listening"' in sink.stdout.readline()
-        send = subprocess.run([sys.executable, "-m", "agents.traffic", "send", "--dst", "127.0.30.2",
+        send = subprocess.run([sys.executable, "-m", "trimlab.agents.traffic", "send", "--dst", "127.0.30.2",
                                "--port", str(port), "--rate", "20mbit", "--protocol", protocol,
                                "--pattern", "on_off", "--on-ms", "100", "--off-ms", "100",
                                "--duration", "1.0"], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -7,10 +7,11 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.packet import Raw
 
-from testbed import wire
-from testbed.codec import CODECS, get_codec
-from testbed.errors import WireError
-from testbed.scapy_layer import TrimGrad
+from trimlab import wire
+from trimlab.codec import CODECS, get_codec
+from trimlab.config import GRADIENT_PORT
+from trimlab.errors import WireError
+from trimlab.scapy_layer import TrimGrad
 
 IDS = wire.PacketIds(job=77, step=123456, rank=3, bucket=9)
 
@@ -99,7 +100,7 @@ def test_scapy_dissects_what_wire_builds(ipv6):
     pays = wire.packetize(torch.randn(9000), codec, ids=IDS, ipv6=ipv6, seed=2)
     for pay in pays[:3] + pays[-1:]:
         l3 = IPv6(dst="fd00:7472::2") if ipv6 else IP(dst="198.19.0.2")
-        frame = (IPv6 if ipv6 else IP)(bytes(l3 / UDP(sport=40000, dport=wire.DEFAULT_PORT) / Raw(pay)))
+        frame = (IPv6 if ipv6 else IP)(bytes(l3 / UDP(sport=40000, dport=GRADIENT_PORT) / Raw(pay)))
         tg = frame[TrimGrad]
         head = wire.parse_header(pay)
         for name, _ in wire.HEADER_FIELDS:
@@ -114,7 +115,7 @@ def test_wire_parses_and_decodes_what_scapy_builds(ipv6):
     codec = get_codec("fp32")
     values = np.arange(64, dtype="<f4")
     l3 = IPv6(src="fd00:7472::1", dst="fd00:7472::2") if ipv6 else IP(src="198.19.0.1", dst="198.19.0.2")
-    pkt = l3 / UDP(dport=wire.DEFAULT_PORT) / TrimGrad(
+    pkt = l3 / UDP(dport=GRADIENT_PORT) / TrimGrad(
         codec=codec.codec_id, flags=codec.flags, planes=codec.planes, job=IDS.job, step=IDS.step,
         rank=IDS.rank, bucket=IDS.bucket, span=0, packet=0, coords=64) / Raw(values.tobytes())
     raw = bytes(pkt)

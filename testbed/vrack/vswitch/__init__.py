@@ -13,18 +13,24 @@ It is validated whole before any map is written.
 
 from __future__ import annotations
 
+import copy
+import csv
 import json
 import os
 import shutil
 import struct
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.errors import SpecError, TrimlabError
-from testbed.vrack.bpfmap import PinnedMap
+from trimlab import native, resources
+from trimlab.doctor import bpf_cflags
+from trimlab.errors import SpecError, TrimlabError
+from trimlab.targets.vswitch import MIN_TRIM_SIZE
+from trimlab.vrack.bpfmap import PinnedMap
 
-SOURCE = Path(__file__).with_name("trim.c")
+SOURCE = resources.c_source("vrack.vswitch", "trim.c")
 NQ = 8
 MAX_PORTS = 64
 MAX_IFINDEX = 4096  # trim.c: port_of is an array indexed by ifindex
@@ -34,7 +40,6 @@ _QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then C
 _GCFG = struct.Struct("<8I")
 _PORTCFG = struct.Struct("<Q8I8B")
 _U32 = struct.Struct("<I")
-MIN_TRIM_SIZE = 14 + 40 + 8  # Ethernet + IPv6 + UDP: every trimmed packet keeps its L4 header
 
 
 class SwitchError(TrimlabError):
@@ -43,9 +48,6 @@ class SwitchError(TrimlabError):
 
 def build() -> Path:
     """Compile trim.c (once per source and flags: cached by their hash)."""
-    from testbed import native
-    from testbed.doctor import bpf_cflags
-
     try:
         return native.build(SOURCE, "clang", bpf_cflags() + ["-Wall", "-c"], "vswitch", ".o")
     except native.BuildError as exc:
@@ -183,8 +185,6 @@ def _queue_list(spec: str, where: str) -> list[int]:
 
 def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int) -> SwitchConfig:
     """Merge a Config DB fragment into `current`; every error names the table and key."""
-    import copy
-
     cfg = copy.deepcopy(current)
     known = {"SWITCH_TRIMMING", "BUFFER_PROFILE", "BUFFER_QUEUE", "DSCP_TO_TC_MAP",
              "TC_TO_QUEUE_MAP", "PORT_QOS_MAP", "PORT", "TRIMLAB_INJECT", "BUFFER_POOL"}
@@ -327,8 +327,6 @@ class VSwitch:
 
     def queue_counters(self) -> dict[str, list[dict[str, int]]]:
         """Per port, per queue: SONiC-named counters plus occupancy and its peak (bytes)."""
-        import time
-
         out = {}
         with self._map("ports", _PORTCFG.size) as m:
             rates = [_PORTCFG.unpack(m.lookup(i))[0] for i in range(len(self.ports))]
@@ -371,9 +369,6 @@ def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | Non
     a CSV until `duration` passes, `stop` (a threading.Event-like) is set or the rack goes
     down. Rows are flushed as they are written, so a killed sampler keeps what it saw.
     Returns the number of samples."""
-    import csv
-    import time
-
     t0 = time.time()
     n = 0
     with open(out, "w", newline="") as f:

@@ -1,0 +1,131 @@
+"""One sharded all-reduce over the trimmable transport, used by the sharded worker and by
+the DDP hook. Rank k owns the k-th shard of every bucket.
+
+- `reduce_scatter`: every rank sends each owner that owner's shard with the run's codec on
+  the trimmable DSCP; the owner decodes what arrived at whatever precision it arrived and
+  averages per coordinate over the contributions that arrived (its own is exact).
+- `all_gather`: each owner sends a shard-sized tensor on the reliable channel (the
+  averaged gradient for the hook, its updated parameters for the worker), so every rank
+  ends with identical values.
+
+Owner k's shard of bucket i travels as wire bucket i * world + k.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trimlab import wire
+from trimlab.agents.collect import Collector
+from trimlab.agents.failure import MissedSteps, ProtocolError
+from trimlab.agents.node import Node
+from trimlab.agents.transport import Sender
+from trimlab.config import AgentConfig
+
+
+def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous, nearly equal [lo, hi) ranges; shard k belongs to rank k."""
+    edges = [numel * k // shards for k in range(shards + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class ShardedAllReduce:
+    """The sockets of one rank and the two halves of the all-reduce."""
+
+    def __init__(self, cfg: AgentConfig, rank: int):
+        cfg.check_rank(rank)
+        self.cfg, self.rank, self.world = cfg, rank, len(cfg.workers)
+        me = cfg.workers[rank].addr
+        self.others = {r: w.addr for r, w in enumerate(cfg.workers) if r != rank}
+        self.node = Node(cfg, me, {w.addr: w.name for r, w in enumerate(cfg.workers) if r != rank},
+                         receive_gradients=True)
+        t = cfg.transport
+        self.senders = {r: Sender(a, t.port, t.dscp, rate_bps=t.pacing_bps, bind=me) for r, a in self.others.items()}
+        self.deadline_s = t.deadline_ms / 1e3
+        self.missed = MissedSteps(self.node, cfg.max_missed_steps)
+        self.stats = self._zero()
+
+    @staticmethod
+    def _zero() -> dict:
+        return {"packets": 0, "bytes": 0, "encode_ms": 0.0, "wait_ms": 0.0}
+
+    def take_stats(self) -> dict:
+        """Packets, bytes, encode and wait time since the last call."""
+        out, self.stats = self.stats, self._zero()
+        return out
+
+    def _timeout(self, step: int, which: str) -> float:
+        to = self.cfg.timeouts
+        return to.startup_s if step == 0 else getattr(to, which)  # step 0: every rank still starting
+
+    def wire_bucket(self, index: int, owner: int) -> int:
+        b = index * self.world + owner
+        if b >= 1 << 16:
+            raise ProtocolError(f"bucket {index} of {self.world} ranks needs wire bucket {b}: the header has "
+                                "16 bits; use fewer, larger buckets (DDP's bucket_cap_mb)")
+        return b
+
+    def expect(self, step: int, index: int, numel: int) -> Collector | None:
+        """Open the collector of this rank's shard (None when it has no shard or no peer):
+        open it before peers may send, so nothing of theirs is counted unexpected."""
+        lo, hi = shard_bounds(numel, self.world)[self.rank]
+        if hi == lo or not self.others:
+            return None
+        return self.node.expect(step, self.wire_bucket(index, self.rank), self.others, hi - lo, self.deadline_s)
+
+    def reduce_scatter(self, flat: torch.Tensor, step: int, index: int = 0,
+                       coll: Collector | None = None) -> tuple[torch.Tensor, list[list]]:
+        """This rank's shard of the mean of `flat` over all ranks, and the packet-log rows of
+        what it received. `coll` is the collector `expect` opened, if it was opened early."""
+        bounds = shard_bounds(flat.numel(), self.world)
+        lo, hi = bounds[self.rank]
+        coll = coll or self.expect(step, index, flat.numel())
+        c = self.cfg.codec
+        for owner, tx in self.senders.items():
+            s_lo, s_hi = bounds[owner]
+            if s_hi == s_lo:  # a bucket smaller than the world leaves some ranks no shard
+                continue
+            e0 = time.monotonic()
+            payloads = wire.packetize(flat[s_lo:s_hi], self.node.codec, self.cfg.mtu, c.coords, c.span,
+                                      wire.PacketIds(self.cfg.job, step, self.rank, self.wire_bucket(index, owner)),
+                                      self.cfg.seed, self.cfg.transport.ipv6)
+            self.stats["encode_ms"] += (time.monotonic() - e0) * 1e3
+            tx.send_all(payloads)
+            self.stats["packets"] += len(payloads)
+            self.stats["bytes"] += sum(map(len, payloads))
+        if coll is None:
+            return flat[lo:hi], []
+        w0 = time.monotonic()
+        self.node.collect(coll, self._timeout(step, "step_s"))
+        red = coll.reduce(local=flat[lo:hi])
+        self.missed.check(coll, red)
+        self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3
+        return red.mean, coll.rows
+
+    def all_gather(self, shard: torch.Tensor, step: int, numel: int, index: int = 0) -> torch.Tensor:
+        """Every owner's shard of a `numel`-long tensor; this rank contributes `shard`."""
+        w0 = time.monotonic()
+        bounds = shard_bounds(numel, self.world)
+        lo, hi = bounds[self.rank]
+        if hi > lo and self.others:
+            self.node.broadcast(step, self.wire_bucket(index, self.rank), shard, list(self.others.values()),
+                                give_up_s=self._timeout(step, "give_up_s"))
+        out = torch.empty(numel, dtype=torch.float32)
+        out[lo:hi] = shard
+        for owner, addr in self.others.items():
+            s_lo, s_hi = bounds[owner]
+            if s_hi > s_lo:
+                out[s_lo:s_hi] = self.node.wait_params(addr, step, self.wire_bucket(index, owner), s_hi - s_lo,
+                                                       self._timeout(step, "params_s"))
+        self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3
+        return out
+
+    def close(self) -> None:
+        """Deliver what is still unacknowledged and answer peers' retransmissions a moment."""
+        try:
+            self.node.flush_broadcasts()
+        except ProtocolError:
+            pass  # a peer that already left acknowledged what it needed
+        self.node.drain(1.0)

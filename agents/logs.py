@@ -1,0 +1,54 @@
+"""What agents write while they run: JSON event lines on stdout (the controller's progress
+view reads them) and CSV files flushed as they go (a killed agent keeps what it wrote)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import sys
+from pathlib import Path
+
+from trimlab.config import PACKET_LOG_FIELDS
+
+
+def log_event(**fields) -> None:
+    """One JSON line on stdout: the controller reads these for its progress view."""
+    print(json.dumps(fields, separators=(",", ":")), flush=True)
+
+
+def install_signal_exit() -> None:
+    """SIGTERM ends the agent through its `finally` blocks (logs flushed, files closed)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+class PacketLog:
+    """packets.csv: one row per gradient datagram received, with how it was handled."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "w", newline="")
+        self.w = csv.writer(self.f)
+        self.w.writerow(PACKET_LOG_FIELDS)
+
+    def write(self, rows) -> None:
+        self.w.writerows(rows)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class MetricsLog:
+    """A CSV with a fixed header, flushed every row (a killed agent keeps what it wrote)."""
+
+    def __init__(self, path: Path, fields: tuple[str, ...]):
+        self.fields = fields
+        self.f = open(path, "w", newline="")
+        self.w = csv.DictWriter(self.f, fields)
+        self.w.writeheader()
+
+    def write(self, **row) -> None:
+        self.w.writerow(row)
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()

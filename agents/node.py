@@ -1,0 +1,230 @@
+"""A `Node`: both sockets of one host (gradients on `port`, the reliable channel on
+`port + 1`) and everything in flight: broadcasts, assemblies, collectors. It does all the
+receiving, accepts only packets of its job from the rack's known data addresses, bounds
+what a step may hold, and counts (never raises on) whatever it discards."""
+
+from __future__ import annotations
+
+import collections
+import select
+import time
+
+import numpy as np
+import torch
+
+from trimlab import wire
+from trimlab.agents.collect import Collector
+from trimlab.agents.failure import ProtocolError
+from trimlab.agents.reliable import (
+    ACK,
+    BYE,
+    CTRL,
+    CTRL_VERSION,
+    MAX_ACK_CHUNKS,
+    PARAMS,
+    Assembly,
+    Broadcast,
+)
+from trimlab.agents.transport import Datagram, Receiver
+from trimlab.codec import get_codec
+from trimlab.config import AgentConfig
+
+
+class Node:
+    """Both sockets of one host, and everything in flight: broadcasts, assemblies, collectors."""
+
+    def __init__(self, cfg: AgentConfig, bind: str, peers: dict[str, str], receive_gradients: bool):
+        t, c = cfg.transport, cfg.codec
+        self.job, self.seed, self.mtu, self.ipv6 = cfg.job, cfg.seed, cfg.mtu, t.ipv6
+        self.codec = get_codec(c.name, **c.params)
+        self.span, self.coords = c.span, c.coords
+        self.port, self.ctrl_port = t.port, t.control_port
+        self.peers = peers  # data address -> host name: the only sources accepted
+        self.data = Receiver(bind, self.port) if receive_gradients else None
+        self.ctrl = Receiver(bind, self.ctrl_port, dscp=t.control_dscp)
+        self.broadcasts: list[Broadcast] = []
+        self.assemblies: dict[tuple, Assembly] = {}
+        self.completed: dict[tuple, int] = {}  # (src, step, shard) delivered -> its chunk count
+        self.collectors: dict[tuple, Collector] = {}
+        self.done_steps: set[tuple] = set()  # (step, bucket) already reduced: late packets
+        # packets of a (step, bucket) no collector was opened for yet (a faster peer), kept
+        # for it up to a bound; past the bound they are counted as unexpected
+        self.early: dict[tuple, list[tuple[Datagram, wire.Header]]] = {}
+        self.early_bytes, self.early_max_bytes = 0, 8 << 20
+        self.discarded: collections.Counter = collections.Counter()
+        self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
+        self.bye = False
+
+    def name_of(self, addr: str) -> str:
+        return f"{self.peers.get(addr, 'unknown host')} ({addr})"
+
+    # receiving
+    def pump(self, timeout: float = 0.01) -> None:
+        socks = [s.sock for s in (self.data, self.ctrl) if s is not None]
+        ready = select.select(socks, [], [], timeout)[0]
+        now = time.monotonic()
+        if self.data is not None and self.data.sock in ready:
+            for d in self.data.recv_batch(timeout=0):
+                self._heard(d, now)
+                self._on_gradient(d)
+        if self.ctrl.sock in ready:
+            acks: dict[tuple, str] = {}
+            for d in self.ctrl.recv_batch(timeout=0):
+                self._heard(d, now)
+                key = self._on_control(d)
+                if key:
+                    acks[key] = d.src[0]
+            for key, src in acks.items():  # one ACK per shard per batch, covering everything
+                self._ack(src, key)
+        now = time.monotonic()
+        for b in self.broadcasts:
+            b.poll(now)
+        self.broadcasts = [b for b in self.broadcasts if not b.done]
+
+    def _heard(self, d: Datagram, now: float) -> None:
+        if d.src[0] in self.peers:
+            self.last_heard[d.src[0]] = now
+
+    def _on_gradient(self, d: Datagram) -> None:
+        src = d.src[0]
+        if src not in self.peers:
+            self.discarded["unknown_source"] += 1
+            return
+        try:
+            head = wire.parse_header(d.payload)
+        except wire.WireError:
+            self.discarded["not_trimlab"] += 1
+            return
+        if head.job != self.job:
+            self.discarded["other_job"] += 1
+            return
+        key = (head.step, head.bucket)
+        coll = self.collectors.get(key)
+        if coll is None:
+            if key in self.done_steps:
+                self.discarded["late"] += 1
+            elif self.early_bytes + len(d.payload) <= self.early_max_bytes:
+                self.early.setdefault(key, []).append((d, head))
+                self.early_bytes += len(d.payload)
+            else:
+                self.discarded["unexpected"] += 1
+            return
+        if coll.ranks.get(head.rank) != src:
+            self.discarded["rank_mismatch"] += 1
+            return
+        coll.add(d, head)
+
+    def _on_control(self, d: Datagram) -> tuple | None:
+        src = d.src[0]
+        if src not in self.peers or len(d.payload) < CTRL.size:
+            self.discarded["control_unknown" if src not in self.peers else "control_short"] += 1
+            return None
+        kind, ver, job, step, shard, first, count = CTRL.unpack_from(d.payload)
+        if ver != CTRL_VERSION or job != self.job:
+            self.discarded["control_other"] += 1
+            return None
+        body = d.payload[CTRL.size:]
+        if kind == PARAMS:
+            key = (src, step, shard)
+            if key in self.completed:  # a retransmission: our ACK was lost, send it again
+                return key
+            asm = self.assemblies.get(key)
+            if asm is None:
+                asm = self.assemblies[key] = Assembly(count)
+            if first < asm.nchunks and count == asm.nchunks:
+                asm.parts.setdefault(first, body)
+            return key
+        if kind == ACK:
+            bitmap = np.unpackbits(np.frombuffer(body, dtype=np.uint8), bitorder="little")[:count]
+            for b in self.broadcasts:
+                if b.shard == shard and b.step == step:
+                    b.on_ack(src, first, bitmap)
+            return None
+        if kind == BYE:
+            self.bye = True
+        return None
+
+    def _ack(self, src: str, key: tuple) -> None:
+        if key in self.completed:
+            have = np.ones(self.completed[key], dtype=np.uint8)
+        else:
+            have = np.zeros(self.assemblies[key].nchunks, dtype=np.uint8)
+            have[list(self.assemblies[key].parts)] = 1
+        for first in range(0, len(have), MAX_ACK_CHUNKS):
+            bits = have[first:first + MAX_ACK_CHUNKS]
+            head = CTRL.pack(ACK, CTRL_VERSION, self.job, key[1], key[2], first, len(bits))
+            self.ctrl.sendto(head + np.packbits(bits, bitorder="little").tobytes(), (src, self.ctrl_port))
+
+    # sending
+    def broadcast(self, step: int, shard: int, values: torch.Tensor, dests: list[str], **kw) -> Broadcast:
+        b = Broadcast(self, step, shard, values.to(torch.float32).contiguous().numpy().tobytes(), dests, **kw)
+        self.broadcasts.append(b)
+        return b
+
+    def bye_all(self, dests: list[str]) -> None:
+        head = CTRL.pack(BYE, CTRL_VERSION, self.job, 0, 0, 0, 0)
+        for _ in range(3):
+            for d in dests:
+                self.ctrl.sendto(head, (d, self.ctrl_port))
+
+    # waiting
+    def wait_params(self, src: str, step: int, shard: int, numel: int, timeout_s: float) -> torch.Tensor:
+        """The parameter shard `shard` of `step` from `src`, once every chunk arrived."""
+        key = (src, step, shard)
+        t0 = time.monotonic()
+        while True:
+            asm = self.assemblies.get(key)
+            if asm is not None and asm.complete:
+                data = asm.data()
+                del self.assemblies[key]
+                self.completed[key] = asm.nchunks  # duplicates are still acknowledged
+                values = torch.frombuffer(bytearray(data), dtype=torch.float32)
+                if values.numel() != numel:
+                    raise ProtocolError(f"parameters of step {step} from {self.name_of(src)}: "
+                                        f"{values.numel()} values, expected {numel}")
+                return values
+            if time.monotonic() - t0 > timeout_s:
+                raise ProtocolError(f"no parameters of step {step} (shard {shard}) from "
+                                    f"{self.name_of(src)} within {timeout_s:g} s")
+            self.pump()
+
+    def expect(self, step: int, bucket: int, ranks: dict[int, str], numel: int,
+               deadline_s: float) -> Collector:
+        coll = Collector(self, step, bucket, ranks, numel, deadline_s)
+        self.collectors[(step, bucket)] = coll
+        for key in [k for k in self.early if k[0] < step - 1]:  # steps that are over: never collected
+            stale = self.early.pop(key)
+            self.discarded["unexpected"] += len(stale)
+            self.early_bytes -= sum(len(d.payload) for d, _ in stale)
+        for d, head in self.early.pop((step, bucket), []):
+            self.early_bytes -= len(d.payload)
+            if coll.ranks.get(head.rank) != d.src[0]:
+                self.discarded["rank_mismatch"] += 1
+            else:
+                coll.add(d, head)
+        return coll
+
+    def collect(self, coll: Collector, step_timeout_s: float) -> Collector:
+        """Receive until the collector is complete or its deadline passed."""
+        while not coll.complete:
+            now = time.monotonic()
+            if coll.expired(now):
+                break
+            if coll.first is None and now - coll.opened > step_timeout_s:
+                names = ", ".join(self.name_of(a) for a in coll.ranks.values())
+                raise ProtocolError(f"no gradient packets of step {coll.step} from {names} "
+                                    f"within {step_timeout_s:g} s")
+            self.pump()
+        del self.collectors[(coll.step, coll.bucket)]
+        self.done_steps.add((coll.step, coll.bucket))
+        return coll
+
+    def drain(self, seconds: float) -> None:
+        """Keep answering (retransmitted chunks, late packets) for a while, or until BYE."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.bye:
+            self.pump(0.02)
+
+    def flush_broadcasts(self) -> None:
+        while self.broadcasts:
+            self.pump()

@@ -1,0 +1,101 @@
+"""The reliable channel (port + 1, the non-trimmable control DSCP): a `Broadcast` cuts a
+tensor (parameters, or an averaged gradient shard) into chunks and retransmits what a
+receiver has not acknowledged (selective-ACK bitmaps) every RTO, so every receiver ends
+with the same bytes. A receiver acknowledges every chunk it sees, again if it is a
+duplicate, so a lost ACK only costs a retransmission. The node does the receiving.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trimlab import wire
+from trimlab.agents.failure import ProtocolError
+
+if TYPE_CHECKING:  # types only: the node imports this module
+    from trimlab.agents.node import Node
+
+PARAMS, ACK, BYE = 1, 2, 3
+CTRL_VERSION = 1
+# kind, version, job, step, shard, first (chunk index | first chunk acked), count
+CTRL = struct.Struct("!BBHIHHH")
+MAX_ACK_CHUNKS = 8192  # one ACK covers up to this many chunks (a 1 KiB bitmap)
+
+
+def chunk_bytes(mtu: int, ipv6: bool) -> int:
+    return (mtu - wire.ip_udp_overhead(ipv6) - CTRL.size) // 4 * 4
+
+
+class Broadcast:
+    """One parameter shard of one step, to every destination, until each acknowledged all."""
+
+    def __init__(self, node: "Node", step: int, shard: int, data: bytes, dests: list[str],
+                 rto_s: float = 0.05, give_up_s: float = 10.0):
+        size = chunk_bytes(node.mtu, node.ipv6)
+        self.node, self.step, self.shard = node, step, shard
+        self.chunks = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
+        if len(self.chunks) > 0xFFFF:
+            raise ProtocolError(f"a parameter shard of {len(data)} bytes needs {len(self.chunks)} "
+                                f"chunks; at most 65535 fit the header: use more shards or a larger MTU")
+        self.rto_s, self.give_up_s = rto_s, give_up_s
+        now = time.monotonic()
+        self.pending = {d: set(range(len(self.chunks))) for d in dests}
+        self.progress = dict.fromkeys(dests, now)
+        self.sent_at = dict.fromkeys(dests, 0.0)
+        self.retransmits = 0
+        # first transmission chunk-major: every destination completes at about the same time
+        for i, chunk in enumerate(self.chunks):
+            head = CTRL.pack(PARAMS, CTRL_VERSION, node.job, step, shard, i, len(self.chunks))
+            for d in dests:
+                node.ctrl.sendto(head + chunk, (d, node.ctrl_port))
+        self.sent_at = dict.fromkeys(dests, time.monotonic())
+
+    def _send(self, dest: str) -> None:
+        n = len(self.chunks)
+        for i in sorted(self.pending[dest]):
+            head = CTRL.pack(PARAMS, CTRL_VERSION, self.node.job, self.step, self.shard, i, n)
+            self.node.ctrl.sendto(head + self.chunks[i], (dest, self.node.ctrl_port))
+        self.sent_at[dest] = time.monotonic()
+
+    def on_ack(self, dest: str, first: int, bitmap: np.ndarray) -> None:
+        pending = self.pending.get(dest)
+        if not pending:
+            return
+        acked = {first + int(i) for i in np.flatnonzero(bitmap)}
+        if pending & acked:
+            pending -= acked
+            self.progress[dest] = time.monotonic()
+
+    def poll(self, now: float) -> None:
+        for dest, pending in self.pending.items():
+            if not pending:
+                continue
+            if now - self.progress[dest] > self.give_up_s:
+                raise ProtocolError(f"{self.node.name_of(dest)} stopped acknowledging the "
+                                    f"parameters of step {self.step} (shard {self.shard}) for "
+                                    f"{self.give_up_s:g} s")
+            if now - self.sent_at[dest] >= self.rto_s:
+                self.retransmits += len(pending)
+                self._send(dest)
+
+    @property
+    def done(self) -> bool:
+        return not any(self.pending.values())
+
+
+@dataclass
+class Assembly:
+    nchunks: int
+    parts: dict[int, bytes] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.parts) == self.nchunks
+
+    def data(self) -> bytes:
+        return b"".join(self.parts[i] for i in range(self.nchunks))

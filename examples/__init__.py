@@ -1,0 +1,1 @@
+"""Example scripts (package data: trimlab.resources)."""

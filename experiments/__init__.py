@@ -1,0 +1,1 @@
+"""Ready experiment specs (package data: trimlab.resources)."""

@@ -1,0 +1,1 @@
+"""The Ansible playbooks and roles (package data: trimlab.resources)."""

@@ -1,0 +1,1 @@
+"""Trimming profiles and per-target templates (package data: trimlab.resources)."""

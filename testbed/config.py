@@ -1,0 +1,141 @@
+"""The agents' configuration: one typed model that the controller writes (agent.json) and
+that every agent, the DDP hook, the benches and the analysis read. The ports, timeouts and
+the columns of the agents' CSV files are declared here, once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trimlab.errors import SpecError
+
+GRADIENT_PORT = 47000  # gradient packets; the reliable control channel is GRADIENT_PORT + 1
+TRAFFIC_PORT = 48000  # background flow i: TRAFFIC_PORT + i
+RENDEZVOUS_PORT = 29500  # torch.distributed's rendezvous at rank 0, on the management network
+
+# columns of the agents' CSV files
+PACKET_LOG_FIELDS = ("t_ns", "src", "dscp", "step", "rank", "bucket", "span", "packet", "coords",
+                     "sent_len", "recv_len", "trimmed", "planes", "status")
+METRIC_FIELDS = ("step", "t", "loss", "grad_norm", "packets", "bytes", "encode_ms", "wait_ms")
+STEP_FIELDS = ("step", "t", "wait_ms", "reduce_ms", "received", "expected", "trimmed", "missing",
+               "min_contributors", "retransmits", "test_loss", "test_acc")
+
+def parse_rate(rate: str) -> int:
+    """'1gbit', '100mbit', '10g', '2500000' → bits per second."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:bit|bps|b)?\s*", rate.lower())
+    if not m:
+        raise SpecError(f"rate={rate!r}: use a number with kbit, mbit or gbit (e.g. 1gbit)")
+    return int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkloadConfig(_Strict):
+    """What to train; also the spec's `workload:` section."""
+
+    kind: Literal["digits", "synthetic", "custom", "ddp"] = "digits"
+    model: Literal["mlp", "cnn"] = "mlp"
+    steps: int = Field(100, ge=1, le=1_000_000)
+    batch: int = Field(64, ge=1, le=65536)
+    lr: float = Field(0.1, gt=0, le=10)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
+    factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
+    dataset: str | None = Field(None, description="custom: path to a local dataset")
+    script: str | None = Field(None, description="ddp: a torch DDP script that registers trimlab's comm "
+                                                 "hook (default: examples/ddp_train.py), the same path on every host")
+
+    @model_validator(mode="after")
+    def _custom(self):
+        if self.script and self.kind != "ddp":
+            raise SpecError("workload.script only applies to workload.kind=ddp")
+        if self.kind == "custom" and not (self.factory and self.dataset):
+            raise SpecError("workload.kind=custom needs workload.factory (module:function) and "
+                            "workload.dataset (a local path)")
+        if self.kind != "custom" and (self.factory or self.dataset):
+            raise SpecError("workload.factory and workload.dataset only apply to workload.kind=custom")
+        if self.factory and ":" not in self.factory:
+            raise SpecError(f"workload.factory={self.factory!r}: use 'package.module:function'")
+        return self
+
+
+class CodecConfig(_Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    span: int
+    coords: int
+
+
+class TransportConfig(_Strict):
+    dscp: int = Field(ge=0, le=63)
+    control_dscp: int = Field(ge=0, le=63)
+    deadline_ms: float = Field(gt=0)
+    pacing_bps: int | None = None
+    port: int = GRADIENT_PORT
+    ipv6: bool = False
+
+    @property
+    def control_port(self) -> int:
+        return self.port + 1
+
+
+class Timeouts(_Strict):
+    startup_s: float = 90.0  # the first step: every agent still starting
+    step_s: float = 30.0  # no gradient packet of a step at all
+    params_s: float = 30.0  # parameters (or averaged shards) not complete
+    give_up_s: float = 10.0  # a peer that stopped acknowledging
+
+
+class HostConfig(_Strict):
+    name: str
+    addr: str  # data-network address: the only source a receiver accepts from this host
+
+
+class AgentConfig(_Strict):
+    """Everything an agent needs to take part in one run."""
+
+    name: str
+    job: int = Field(ge=0, le=0xFFFF)
+    seed: int
+    steps: int
+    mtu: int
+    topology: Literal["ps", "sharded"]
+    workload: WorkloadConfig
+    codec: CodecConfig
+    transport: TransportConfig
+    truth_every: int = Field(0, ge=0, description="save the exact gradient every N steps (0: never)")
+    eval_every: int = 10
+    ps: HostConfig | None = None
+    workers: list[HostConfig] = Field(min_length=1)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    max_missed_steps: int = 3
+
+    @model_validator(mode="after")
+    def _roles(self):
+        if self.topology == "ps" and self.ps is None:
+            raise SpecError("agent configuration: topology ps needs a ps host")
+        return self
+
+    def check_rank(self, rank: int) -> None:
+        if not 0 <= rank < len(self.workers):
+            raise SpecError(f"rank {rank}: the trimlab configuration has ranks 0..{len(self.workers) - 1}")
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+
+    @classmethod
+    def read(cls, path: str | Path) -> "AgentConfig":
+        """agent.json; a missing or invalid file is one SpecError line naming the field."""
+        try:
+            return cls.model_validate_json(Path(path).read_text())
+        except FileNotFoundError:
+            raise SpecError(f"agent configuration {path}: no such file") from None
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            raise SpecError(f"agent configuration {path}: {where}: {err['msg']}") from None

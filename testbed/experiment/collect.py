@@ -1,0 +1,73 @@
+"""After a run: everything the agents wrote, over SFTP, into the run directory, and the
+run's results from it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from trimlab import remote, rundir
+from trimlab.errors import TrimlabError
+from trimlab.experiment.events import Done
+from trimlab.experiment.placement import Placement, RunFailed
+from trimlab.rundir import RunDir
+
+
+def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remote_root: str) -> None:
+    """Each host's remote directory into agents/<host>/ (pcaps, truth and the occupancy
+    series where the layout puts them), then removed there. Best effort: what failed is
+    recorded in the manifest."""
+    errors = []
+    for name, rdir in remote_dirs.items():
+        try:
+            s = fleet.sessions[name]
+            got = s.get_tree(rdir, run.path / rundir.AGENTS / name)
+            s.run(["rm", "-rf", rdir], timeout=60)
+            s.run(["rmdir", "--ignore-fail-on-non-empty", remote_root], timeout=60)
+        except (TrimlabError, OSError, EOFError) as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        for f in got:
+            if f.parent.name == rundir.PCAPS:
+                f.replace(run.path / rundir.PCAPS / f.name)
+            elif f.parent.name == rundir.TRUTH:
+                f.replace(run.path / rundir.TRUTH / f.name)
+            elif f.name == rundir.OCCUPANCY:
+                f.replace(run.path / rundir.SWITCH / rundir.OCCUPANCY)
+    for d in (run.path / rundir.AGENTS).glob("*/*"):
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+    if errors:
+        run.record(collect_errors=errors)
+
+
+def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Done], t0: float) -> dict:
+    """The run's outcome from what was collected; RunFailed if the models diverged."""
+    agents = run.path / rundir.AGENTS
+    finals = {d.name: json.loads((d / rundir.FINAL).read_text())
+              for d in agents.iterdir() if (d / rundir.FINAL).exists()} if agents.exists() else {}
+    out: dict = {"wall_s": round(time.monotonic() - t0, 2), "steps": steps}
+    before = run.path / rundir.SWITCH / rundir.COUNTERS_BEFORE
+    after = run.path / rundir.SWITCH / rundir.COUNTERS_AFTER
+    if before.exists() and after.exists():
+        b, a = json.loads(before.read_text())["switch"], json.loads(after.read_text())["switch"]
+        out["switch"] = {k: a[k] - b[k] for k in a}
+    workers = {n: f for n, f in finals.items() if f.get("role") == "worker"}
+    for f in workers.values():  # the DDP hook knows gradients, the script its accuracy
+        if f.get("test_acc") is None and f.get("rank") in script_results:
+            f["test_acc"] = script_results[f["rank"]].test_acc
+    out["workers"] = {n: {"test_acc": f["test_acc"], "checksum": f["checksum"]} for n, f in workers.items()}
+    checksums = {f["checksum"] for f in finals.values()}
+    out["parameters_identical"] = len(checksums) == 1 and len(workers) == len(p.workers)
+    ps = next((f for f in finals.values() if f.get("role") == "ps"), None)
+    if ps:
+        out["ps"] = {k: ps[k] for k in ("received", "trimmed", "missing", "expected", "discarded")}
+    accs = [f["test_acc"] for f in finals.values()]
+    out["test_acc"] = accs[0] if accs else None
+    run.record(results=out)
+    if len(workers) != len(p.workers):
+        missing = sorted({w.name for w in p.workers} - set(workers))
+        raise RunFailed(f"workers {', '.join(missing)} wrote no {rundir.FINAL}")
+    if not out["parameters_identical"]:
+        raise RunFailed(f"parameters differ across hosts: {sorted(checksums)}")
+    return out

@@ -1,0 +1,154 @@
+"""One run on one rack, phase by phase: prepare the hosts, start the observers (sampler,
+captures), the background traffic and the training agents, wait for training, then stop
+everything, collect and compute the results."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from trimlab import remote, rundir
+from trimlab.errors import TrimlabError
+from trimlab.experiment import collect, launch
+from trimlab.experiment.monitor import Agent, Monitor
+from trimlab.experiment.placement import REMOTE_ROOT, Placement, agent_config
+from trimlab.experiment.progress import TrainingView
+from trimlab.rundir import RunDir
+from trimlab.spec import ExperimentSpec
+
+
+class Execution:
+    """The agents of one run on one rack, and everything collected from them."""
+
+    def __init__(self, spec: ExperimentSpec, place_: Placement, run: RunDir, rack_id: str | None,
+                 mtu: int, rate_bps: int, console=None):
+        self.spec, self.p, self.run, self.rack_id, self.console = spec, place_, run, rack_id, console
+        self.cfg = agent_config(spec, place_, mtu, rate_bps)
+        self.remote_dir = f"{REMOTE_ROOT}/{run.path.name}"
+        self.fleet: remote.Fleet | None = None
+        self.monitor = Monitor(run.path / rundir.LOGS, spec.workload.steps)
+        self.t0 = time.monotonic()
+
+    def rdir(self, host: str, *parts: str) -> str:
+        return "/".join([self.remote_dir, host, *parts])
+
+    def session(self, host: str) -> remote.Session:
+        return self.fleet.sessions[host]
+
+    def start(self, host: str, kind: str, argv: list[str], essential: bool, on_line=None, env=None) -> Agent:
+        log = self.run.path / rundir.LOGS / rundir.log_file(host, kind)
+        a = Agent(host, kind, self.session(host).start(argv, env=env, log=log, on_line=on_line), essential)
+        self.monitor.agents.append(a)
+        return a
+
+    def _rack_args(self) -> list[str]:
+        return ["--id", self.rack_id] if self.rack_id else []
+
+    # phases
+    def prepare(self) -> None:
+        self.fleet = remote.Fleet.connect(list(self.p.hosts.values()))
+        cfg_path = self.run.path / rundir.AGENT_CONFIG
+        self.cfg.write(cfg_path)
+        for name in self.p.hosts:
+            s = self.session(name)
+            s.run(["mkdir", "-p", self.rdir(name)], timeout=30).check()
+            s.put(cfg_path, self.rdir(name, rundir.AGENT_CONFIG))
+        self.run.record(hosts=self.facts(), agent_config=self.cfg.model_dump(mode="json"))
+        if self.p.switch.os == "vswitch":
+            self.counters(rundir.COUNTERS_BEFORE)
+
+    def facts(self) -> dict:
+        """Per host: kernel, management address, role, data addresses and switch port (the
+        analysis reads these from the manifest)."""
+        def one(name: str) -> dict:
+            r = self.session(name).run(["uname", "-r"], timeout=20)
+            entry = self.p.entry(name)
+            out = {"kernel": r.stdout.strip(), "address": self.p.hosts[name].address,
+                   "role": getattr(entry, "role", "switch")}
+            if entry is not self.p.switch:
+                out |= {k: entry.vars[k] for k in ("data_ipv4", "data_ipv6") if entry.vars.get(k)}
+                out["switch_port"] = self.p.switch_port(name)
+            return out
+        return {name: one(name) for name in self.p.hosts}
+
+    def counters(self, filename: str) -> dict:
+        r = self.session(self.p.switch.name).run(launch.counters(self.p, self._rack_args()), timeout=60).check()
+        (self.run.path / rundir.SWITCH / filename).write_text(r.stdout + "\n")
+        return json.loads(r.stdout)
+
+    def start_observers(self) -> None:
+        sw, spec, m = self.p.switch.name, self.spec, self.monitor
+        if self.p.switch.os == "vswitch":
+            self.start(sw, "sampler", launch.sampler(self.p, self.rdir(sw, rundir.OCCUPANCY), self._rack_args()),
+                       essential=False)
+        points = spec.capture.points
+        targets = []
+        if "workers" in points:
+            targets += [(w, spec.capture.sender_snaplen) for w in self.p.workers]
+        if "ps" in points and self.p.ps:
+            targets.append((self.p.ps, 0))
+        flows = len(spec.congestion.background)
+        for h, snap in targets:
+            bpf = launch.capture_filter(spec, flows if h is self.p.sink else 0)
+            argv = launch.capture(self.p, h.name, [h.data_if], snap, self.rdir(h.name, rundir.PCAPS), bpf)
+            self.start(h.name, "capture", argv, essential=True, on_line=m.readiness(f"cap-{h.name}"))
+        if "switch" in points:
+            argv = launch.capture(self.p, sw, list(self.p.switch.ports), spec.capture.sender_snaplen,
+                                  self.rdir(sw, rundir.PCAPS), launch.capture_filter(spec))
+            self.start(sw, "capture", argv, essential=True, on_line=m.readiness(f"cap-{sw}"))
+        m.wait_ready("capture")
+
+    def start_traffic(self) -> None:
+        flows = self.spec.congestion.background
+        if not flows:
+            return
+        sink = self.p.sink
+        dst = self.p.addr(sink, self.spec.transport.ipv6)
+        for i, f in enumerate(flows):
+            self.start(sink.name, "sink", launch.sink(self.p, i, f, dst), essential=False,
+                       on_line=self.monitor.readiness(f"sink{i}-{sink.name}"))
+        self.monitor.wait_ready("traffic sink")
+        for i, f in enumerate(flows):
+            src = self.p.traffic[i % len(self.p.traffic)]
+            self.start(src.name, f"traffic{i}", launch.traffic(self.p, src.name, i, f, dst), essential=False)
+
+    def start_training(self) -> None:
+        on_line = self.monitor.on_training_line
+        for rank, w in enumerate(self.p.workers):
+            config, out = self.rdir(w.name, rundir.AGENT_CONFIG), self.rdir(w.name)
+            if self.spec.workload.kind == "ddp":
+                argv, env = launch.ddp(self.p, self.spec, rank, config, out)
+                self.start(w.name, "worker", argv, essential=True, on_line=on_line, env=env)
+            else:
+                self.start(w.name, "worker", launch.worker(self.p, w.name, rank, config, out), essential=True,
+                           on_line=on_line)
+        if self.p.ps and self.spec.workload.kind != "ddp":
+            ps = self.p.ps.name
+            self.start(ps, "ps", launch.ps(self.p, self.rdir(ps, rundir.AGENT_CONFIG), self.rdir(ps)),
+                       essential=True, on_line=on_line)
+
+    def wait_training(self) -> None:
+        steps = self.spec.workload.steps
+        budget = 120 + steps * (self.spec.transport.deadline_ms / 1e3 + 2)
+        with TrainingView(self.console, steps) as view:
+            self.monitor.wait_training(budget, self.t0, view)
+
+    def execute(self) -> dict:
+        try:
+            self.prepare()
+            self.start_observers()
+            self.start_traffic()
+            self.start_training()
+            self.wait_training()
+        finally:
+            self.monitor.stop()
+            if self.fleet is not None:
+                if self.p.switch.os == "vswitch":
+                    try:
+                        self.counters(rundir.COUNTERS_AFTER)
+                    except (TrimlabError, OSError, EOFError, ValueError):
+                        pass
+                collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts}, self.remote_dir)
+                self.fleet.close()
+        return collect.results(self.run, self.p, self.spec.workload.steps, self.monitor.training.script_results,
+                               self.t0)

@@ -1,0 +1,69 @@
+"""The agents' command lines (and the DDP scripts' environment), one function each: the
+only place that knows how an agent is started on a host."""
+
+from __future__ import annotations
+
+from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
+from trimlab.experiment.placement import Placement, ddp_script
+from trimlab.spec import BackgroundFlow, ExperimentSpec
+
+
+def _agent(p: Placement, host: str, module: str, *args: str) -> list[str]:
+    return [p.python(host), "-m", f"trimlab.agents.{module}", *args]
+
+
+def capture_filter(spec: ExperimentSpec, flows_to_host: int = 0) -> str:
+    """Gradient and control ports; at the background flows' sink their ports too (so the
+    switch's trim count can be matched there)."""
+    port = spec.transport.port
+    f = f"udp and (port {port} or port {port + 1})"
+    return f"{f} or portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + flows_to_host - 1}" if flows_to_host else f
+
+
+def capture(p: Placement, host: str, ifaces: list[str], snaplen: int, out: str, bpf: str) -> list[str]:
+    argv = _agent(p, host, "capture", "--snaplen", str(snaplen), "--out", out, "--name", host, "--filter", bpf)
+    for iface in ifaces:
+        argv += ["--iface", iface]
+    return argv
+
+
+def sampler(p: Placement, out: str, rack_args: list[str]) -> list[str]:
+    sw = p.switch.name
+    return [p.cli(sw), "switch", "sample", "--out", out, *rack_args]
+
+
+def counters(p: Placement, rack_args: list[str]) -> list[str]:
+    return [p.cli(p.switch.name), "switch", "counters", "--json", *rack_args]
+
+
+def sink(p: Placement, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
+    return _agent(p, p.sink.name, "traffic", "sink", "--bind", dst, "--port", str(TRAFFIC_PORT + i),
+                  "--protocol", flow.protocol)
+
+
+def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
+    return _agent(p, host, "traffic", "send", "--dst", dst, "--port", str(TRAFFIC_PORT + i), "--rate", flow.rate,
+                  "--dscp", str(flow.dscp), "--protocol", flow.protocol, "--pattern", flow.pattern,
+                  "--on-ms", str(flow.on_ms), "--off-ms", str(flow.off_ms))
+
+
+def worker(p: Placement, host: str, rank: int, config: str, out: str) -> list[str]:
+    return _agent(p, host, "worker", "--config", config, "--rank", str(rank), "--out", out)
+
+
+def ps(p: Placement, config: str, out: str) -> list[str]:
+    return _agent(p, p.ps.name, "ps", "--config", config, "--out", out)
+
+
+def ddp(p: Placement, spec: ExperimentSpec, rank: int, config: str, out: str) -> tuple[list[str], dict]:
+    """The DDP script on worker `rank` with torchrun's environment: gloo meets on the
+    management network at rank 0, gradients go through the switch via the comm hook."""
+    wl, w = spec.workload, p.workers[rank]
+    env = {"MASTER_ADDR": p.hosts[p.workers[0].name].address, "MASTER_PORT": str(RENDEZVOUS_PORT),
+           "RANK": str(rank), "WORLD_SIZE": str(len(p.workers)), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "TRIMLAB_CONFIG": config, "TRIMLAB_OUT": out}
+    if p.rack.virtual:  # every virtual host shares this machine's cores
+        env |= {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+    argv = [p.python(w.name), ddp_script(spec), "--steps", str(wl.steps), "--batch", str(wl.batch),
+            "--lr", str(wl.lr), "--seed", str(spec.seed), "--comm", "trimlab"]
+    return argv, env

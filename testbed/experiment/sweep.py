@@ -1,0 +1,141 @@
+"""`trimlab run` itself: every point of a spec (a sweep's points one after another on one
+rack), each into its own run directory; a sweep's directory holds them, its manifest and
+a comparison report."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+from pathlib import Path
+
+import yaml
+
+from trimlab import inventory as inv
+from trimlab import provision, rundir
+from trimlab.analysis import report
+from trimlab.errors import SpecError, TrimlabError
+from trimlab.experiment import progress
+from trimlab.experiment.execution import Execution
+from trimlab.experiment.placement import (
+    RunFailed,
+    check_profile,
+    ddp_script,
+    effective_profile,
+    packet_coords,
+    place,
+)
+from trimlab.rundir import RunDir, sigterm_as_interrupt
+from trimlab.spec import ExperimentSpec, load_experiment
+from trimlab.vrack import rack as vrack
+
+
+def _rack_key(spec: ExperimentSpec) -> tuple:
+    v = spec.rack.virtual
+    return (v.workers, v.traffic_hosts, v.rate, v.mtu, spec.topology)
+
+
+def _provision(inventory: Path, profile_path: Path, switch_only: bool, console) -> None:
+    out = provision.run(inventory, profile=str(profile_path), console=console,
+                        limit="trim_switches" if switch_only else None,
+                        tags="trim_switch" if switch_only else None)
+    if out.failures or out.rc != 0:
+        first = out.failures[0] if out.failures else {"host": "-", "task": "-", "msg": out.status}
+        raise RunFailed(f"provisioning failed: {first['host']}: {first['task']}: {first['msg']}")
+    if console is not None:
+        changed = sum(r.changed for r in out.hosts.values())
+        console.print(f"provisioned {len(out.hosts)} hosts ({changed} changes)")
+
+
+def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (), keep_rack: bool = False,
+        runs_dir: Path = Path("runs"), console=None) -> list[Path]:
+    """Run every point of the spec; returns the run directories. RunFailed if any failed."""
+    spec = load_experiment(spec_path, overrides)
+    points = spec.points()
+    lab = inv.load(inventory) if inventory else None
+    for pt in points:  # everything validated before anything is touched
+        check_profile(pt, lab)
+        if pt.workload.kind == "ddp" and lab is None and not Path(ddp_script(pt)).is_file():
+            raise SpecError(f"workload.script={ddp_script(pt)}: no such file")
+        packet_coords(pt, int(lab.vars.get("data_mtu", 1500)) if lab else pt.rack.virtual.mtu)
+        if lab is not None:
+            place(lab, pt)
+    sigterm_as_interrupt()
+    parent, sweep = runs_dir, None
+    if len(points) > 1:  # the sweep's own directory and manifest; one run directory per point
+        sweep = RunDir.create(runs_dir, spec)
+        parent = sweep.path
+        (parent / rundir.SWEEP_POINTS).write_text(json.dumps([p.name for p in points], indent=2) + "\n")
+    state, key, provisioned, dirs, failures = None, None, False, [], []
+    try:
+        for pt in points:
+            if lab is None and _rack_key(pt) != key:
+                if state is not None:
+                    vrack.down(state)
+                    state = None
+                v = pt.rack.virtual
+                rid = "r" + secrets.token_hex(3)[:5]
+                st = vrack.plan(rid, v.workers, 1 if pt.topology == "ps" else 0, v.traffic_hosts,
+                                v.rate, v.mtu, 0.0)
+                if console is not None:
+                    console.print(f"bringing up virtual rack {rid} ({v.workers} workers, {v.rate})")
+                state, key, provisioned = vrack.up(st), _rack_key(pt), False
+            inventory_path = Path(inventory) if lab is not None else state.dir / rundir.INVENTORY
+            rack = lab or inv.load(inventory_path)
+            placement = place(rack, pt)
+            mtu = int(rack.vars.get("data_mtu", 1500))
+            rate = state.rate_bps if state else 1_000_000 * int(
+                next(iter(placement.switch.ports.values())).get("speed_mbps", 100_000))
+            with RunDir.create(parent, pt) as run_dir:
+                dirs.append(run_dir.path)
+                shutil.copy(inventory_path, run_dir.path / rundir.INVENTORY)
+                run_dir.record(inventory=str(inventory_path), rack_id=state.id if state else None)
+                prof = effective_profile(pt)
+                prof_path = run_dir.path / rundir.SWITCH / rundir.profile_file(prof.name)
+                prof_path.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
+                try:
+                    _provision(inventory_path, prof_path, switch_only=provisioned, console=console)
+                    provisioned = True
+                    ex = Execution(pt, placement, run_dir, state.id if state else None, mtu, rate, console)
+                    results = ex.execute()
+                except TrimlabError as exc:  # this point failed; the sweep goes on
+                    failures.append(f"{pt.name}: {exc}")
+                    run_dir.finish("failed", str(exc))
+                    if console is not None:
+                        console.print(f"[red]run {pt.name} failed:[/] {exc}  ({run_dir.path})")
+                    continue
+                if console is not None:
+                    console.print(progress.summary(pt.name, results, run_dir.path))
+            _report(run_dir.path, console)
+    except BaseException as exc:
+        if sweep is not None:
+            sweep.finish("failed", "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+                         else f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if state is not None and not keep_rack:
+            vrack.down(state)
+        elif state is not None and console is not None:
+            console.print(f"rack {state.id} kept up: `trimlab rack down --id {state.id}` when done")
+    if sweep is not None:
+        sweep.record(points=[str(d.relative_to(parent)) for d in dirs])
+        sweep.finish("failed" if failures else "succeeded", "; ".join(failures) or None)
+        _report(parent, console, sweep=True)
+    if failures:
+        raise RunFailed("; ".join(failures) + f" (run directories under {parent})")
+    return dirs
+
+
+def _report(path: Path, console, sweep: bool = False) -> None:
+    """The analysis entry point: a run's report, or a sweep's comparison of its points.
+    A report that cannot be written is said, and does not fail the run."""
+    try:
+        if sweep:
+            out = report.compare([path], path / rundir.REPORT)
+            if console is not None:
+                console.print(f"sweep report: {out}")
+        else:
+            report.for_run(path, console=console)
+    except (TrimlabError, OSError, ValueError) as exc:
+        if console is not None:
+            console.print(f"[yellow]report for {path} not written:[/] {exc}")
