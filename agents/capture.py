@@ -17,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from trimlab import rundir
+
 STATS = re.compile(r"(\d+) packets? (captured|received by filter|dropped by kernel|dropped by interface)")
 
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     procs, listening = {}, {}
     for iface in a.iface:
         stem = a.name if len(a.iface) == 1 else f"{a.name}-{iface}"
-        p = subprocess.Popen(tcpdump_argv(iface, a.out / f"{stem}.pcap", a.snaplen, a.rotate_mb,
+        p = subprocess.Popen(tcpdump_argv(iface, a.out / rundir.pcap_file(stem), a.snaplen, a.rotate_mb,
                                           a.files, a.filter),
                              stderr=subprocess.PIPE, text=True)
         procs[iface], listening[iface] = p, threading.Event()
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for iface, lines in stderr.items():
         s = {m.group(2).replace(" ", "_"): int(m.group(1)) for line in lines for m in STATS.finditer(line)}
         stats[iface] = {**s, "rc": procs[iface].returncode}
-    (a.out / f"{a.name}.capture.json").write_text(json.dumps(stats, indent=2) + "\n")
+    (a.out / rundir.capture_stats_file(a.name)).write_text(json.dumps(stats, indent=2) + "\n")
     print(json.dumps({"event": "stopped", "stats": stats}), flush=True)
     if failed:
         for iface, rc in failed.items():

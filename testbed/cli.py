@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trimlab import provision as prov
-from trimlab import resources
+from trimlab import resources, rundir
 from trimlab.doctor import run_checks
 from trimlab.errors import TrimlabError
 from trimlab.spec import TrimPlan, load_profile, validated
@@ -121,7 +121,7 @@ def rack_up(workers: int = typer.Option(4, help="worker hosts"),
         rack.up(st)
     console.print(f"rack {st.id} is up: {len(st.nic_hosts)} hosts, switch {st.switch.ns}, "
                   f"management 198.18.{st.slot}.0/24")
-    print(st.dir / "inventory.yml")
+    print(st.inventory)
 
 
 @rack_app.command("status")
@@ -308,12 +308,12 @@ def report(runs: list[str] = typer.Argument(..., help="run directories, or a swe
     )
 
     paths = [Path(r) for r in runs]
-    single = len(paths) == 1 and not (paths[0] / "sweep.json").exists()
+    single = len(paths) == 1 and not (paths[0] / rundir.SWEEP_POINTS).exists()
     if single and out is None:
         console.print(f"report: {rep.for_run(paths[0])}")
         return
     if out is None:
-        out = str(paths[0] / "report.html") if len(paths) == 1 else "comparison.html"
+        out = str(paths[0] / rundir.REPORT) if len(paths) == 1 else "comparison.html"
     runs_found = rep.expand(paths)
     console.print(f"comparison of {len(runs_found)} runs: {rep.compare(paths, out)}")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.table import Table
 
 from trimlab import inventory as inv
-from trimlab import resources, rundir
+from trimlab import resources
 from trimlab.errors import TrimlabError
 from trimlab.spec import load_profile
 from trimlab.targets import Port, get_target
@@ -215,7 +215,7 @@ def run(inventory: Path, profile: str = "default", check: bool = False, limit: s
 
 def default_inventory(rack_id: str | None) -> Path:
     """Without -i: the running virtual rack's inventory."""
-    return rack.resolve(rack_id).dir / rundir.INVENTORY
+    return rack.resolve(rack_id).inventory
 
 
 __all__ = ["Outcome", "ProvisionError", "default_inventory", "render_profiles", "run"]

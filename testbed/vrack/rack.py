@@ -77,6 +77,11 @@ class RackState:
         return racks_dir() / self.id
 
     @property
+    def inventory(self) -> Path:
+        """The Ansible inventory `rack up` writes (the shape a physical lab uses)."""
+        return self.dir / "inventory.yml"
+
+    @property
     def pin_dir(self) -> Path:
         return BPF_ROOT / f"tl{self.id}"
 
@@ -338,7 +343,7 @@ def write_inventory(st: RackState) -> Path:
             } for h in st.nic_hosts}},
         },
     }}
-    path = st.dir / "inventory.yml"
+    path = st.inventory
     path.write_text(f"# trimlab virtual rack {st.id}: written by `trimlab rack up`\n"
                     + yaml.safe_dump(inv, sort_keys=False))
     return path
@@ -351,7 +356,7 @@ def status(st: RackState) -> dict:
     prog = _run("tc", "filter", "show", "dev", st.ports[0], "egress", ns=st.switch.ns,
                 check=False).stdout if st.switch.ns in nss and st.ports else ""
     return {
-        "id": st.id, "inventory": str(st.dir / "inventory.yml"), "mgmt": f"198.18.{st.slot}.0/24",
+        "id": st.id, "inventory": str(st.inventory), "mgmt": f"198.18.{st.slot}.0/24",
         "rate_bps": st.rate_bps, "mtu": st.mtu, "delay_ms": st.delay_ms,
         "switch_program": "trimlab_egress" in prog,
         "hosts": [{"name": h.name, "role": h.role, "ns": h.ns, "mgmt_ip": h.mgmt_ip,
