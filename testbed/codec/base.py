@@ -141,6 +141,10 @@ class Codec:
     name: ClassVar[str]
     codec_id: ClassVar[int]
     rotated: bool = False
+    # Scale each span by a power of two (its peak to [0.5, 1)) before rotating, and decode
+    # scaled likewise: exact (the same bytes and values for buckets of ordinary size) and
+    # no overflow or underflow in the rotation or the norm across float32's whole range.
+    prescaled: bool = False
     planes: int = 0  # K, carried in the header
     unbiased: bool = False
 
@@ -187,29 +191,35 @@ class Codec:
                                    range(g.first, g.first + g.count), g.size, device=device)
 
     def _blocks(self, x: torch.Tensor, ctx: CodecContext):
-        """(block, y, span index, packet index) per block: y is the block's (P, c) matrix of
-        (rotated) coordinates, one row per packet, span-major."""
+        """(block, y, span index, packet index, exponent) per block: y is the block's (P, c)
+        matrix of (rotated) coordinates, one row per packet, span-major; each row's true
+        values are y · 2^exponent (exponent 0 unless the codec is prescaled)."""
         flat = x.detach().reshape(-1).to(torch.float32)
         lay = self.layout(flat.numel(), ctx)
         device = flat.device
-        spans = {}
+        spans, exps = {}, {}
         for g in lay.groups:
             chunk = flat[g.start:g.start + g.count * g.filled].reshape(g.count, g.filled)
             if g.filled < g.size:
                 chunk = torch.nn.functional.pad(chunk, (0, g.size - g.filled))
+            exps[g] = span_exponents(chunk.abs().amax(dim=1)) if self.prescaled \
+                else torch.zeros(g.count, dtype=torch.int32, device=device)
+            if self.prescaled:
+                chunk = torch.ldexp(chunk, -exps[g][:, None])
             spans[g] = rht.rotate(chunk, self._signs(ctx, g, device)) if self.rotated else chunk
         for b in lay.blocks:
             y = lay.block_view(spans[b.group], b).reshape(-1, b.coords)
             span_idx = torch.arange(b.group.first, b.group.first + b.group.count, device=device)
             pkt_idx = torch.arange(b.first_index, b.first_index + b.per_span, device=device)
-            yield b, y, span_idx.repeat_interleave(b.per_span), pkt_idx.repeat(b.group.count)
+            yield (b, y, span_idx.repeat_interleave(b.per_span), pkt_idx.repeat(b.group.count),
+                   exps[b.group].repeat_interleave(b.per_span))
 
     def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
         """Encode a flat float tensor into packets (span-major order)."""
         parts = []
-        for b, y, span_idx, pkt_idx in self._blocks(x, ctx):
+        for b, y, span_idx, pkt_idx, exp in self._blocks(x, ctx):
             body, scale = self.encode_block(y)
-            parts.append((span_idx, pkt_idx, b.coords, scale, body))
+            parts.append((span_idx, pkt_idx, b.coords, torch.ldexp(scale, exp), body))
         return _concat(parts, x.device)
 
     def packet_errors(self, x: torch.Tensor, ctx: CodecContext, span: torch.Tensor,
@@ -223,7 +233,7 @@ class Codec:
         n = span.shape[0]
         out = {k: torch.full((n,), float("nan"), dtype=torch.float64) for k in ("error", "energy", "scale")}
         span, index, nbytes = span.cpu().long(), index.cpu().long(), nbytes.cpu().long()
-        for b, y, _, _ in self._blocks(x, ctx):
+        for b, y, _, _, exp in self._blocks(x, ctx):
             g = b.group
             rows = ((span >= g.first) & (span < g.first + g.count) & (index >= b.first_index)
                     & (index < b.first_index + b.per_span)).nonzero().squeeze(1)
@@ -232,14 +242,15 @@ class Codec:
             pos = ((span[rows] - g.first) * b.per_span + index[rows] - b.first_index).to(y.device)
             yb = y.index_select(0, pos)
             body, scale = self.encode_block(yb)
+            unit = torch.ldexp(torch.ones_like(scale, dtype=torch.float64), exp.index_select(0, pos))
             full = body.shape[1]
             got = nbytes[rows].to(y.device)
             keep = torch.arange(full, device=y.device)[None, :] < got.clamp(min=0)[:, None]
             yhat, _ = self.decode_block(body * keep, got.clamp(min=0, max=full), scale)
             yhat = torch.where((got >= 0)[:, None], yhat, torch.zeros_like(yhat))
-            out["error"][rows] = ((yhat - yb).double() ** 2).sum(1).cpu()
-            out["energy"][rows] = (yb.double() ** 2).sum(1).cpu()
-            out["scale"][rows] = scale.double().cpu()
+            out["error"][rows] = (((yhat - yb).double() ** 2).sum(1) * unit ** 2).cpu()
+            out["energy"][rows] = ((yb.double() ** 2).sum(1) * unit ** 2).cpu()
+            out["scale"][rows] = torch.ldexp(scale, exp.index_select(0, pos)).double().cpu()
         return out
 
     def decode(self, packets: Packets, ctx: CodecContext, numel: int) -> Decoded:
@@ -257,6 +268,7 @@ class Codec:
             ybuf = torch.empty(g.count, g.size, dtype=torch.float32, device=device)
             got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
             arrived = torch.zeros(g.count, per_span, dtype=torch.bool, device=device)
+            exp = self._decode_exponents(packets, g)
             for b in (b for b in lay.blocks if b.group is g):
                 rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
                         & (packets.index >= b.first_index)
@@ -266,9 +278,9 @@ class Codec:
                     continue
                 full = self.body_bytes(b.coords)
                 body, length = _block_body(packets, rows, nbytes, full)
-                yhat, pres = self.decode_block(body, length, packets.scale[rows])
-                present[rows] = pres
                 span, pkt = packets.span[rows] - g.first, packets.index[rows] - b.first_index
+                yhat, pres = self.decode_block(body, length, torch.ldexp(packets.scale[rows], -exp[span]))
+                present[rows] = pres
                 lay.block_view(ybuf, b)[span, pkt] = yhat
                 got[span, pkt + b.first_index] = pres
                 arrived[span, pkt + b.first_index] = True
@@ -279,6 +291,8 @@ class Codec:
             sizes[-1] = g.size - (per_span - 1) * lay.coords
             if self.rotated:
                 xs = rht.unrotate(ybuf, self._signs(ctx, g, device))
+                if self.prescaled:
+                    xs = torch.ldexp(xs, exp[:, None])
                 miss = (got < sizes).any(dim=1, keepdim=True).expand(g.count, g.filled)
             else:
                 xs = ybuf
@@ -295,6 +309,25 @@ class Codec:
             "expected_nmse": self.expected_nmse(coords, nbytes),
         }
         return Decoded(_cat(values), _cat(missing), stats)
+
+    def _decode_exponents(self, packets: Packets, g: SpanGroup) -> torch.Tensor:
+        """Per span of `g`: the power of two its packets' scales are divided by while
+        decoding (from the largest scale that arrived), so unrotating cannot overflow."""
+        zeros = torch.zeros(g.count, dtype=torch.int32, device=packets.body.device)
+        if not self.prescaled:
+            return zeros
+        sel = ((packets.span >= g.first) & (packets.span < g.first + g.count)).nonzero().squeeze(1)
+        peak = torch.zeros(g.count, dtype=torch.float32, device=packets.body.device)
+        peak = peak.scatter_reduce(0, packets.span[sel] - g.first, packets.scale[sel].abs(), "amax")
+        return span_exponents(peak)
+
+
+def span_exponents(peak: torch.Tensor) -> torch.Tensor:
+    """e with peak = m·2^e, m in [0.5, 1), clamped so that 2^±e is a normal float32; 0 for
+    a zero or non-finite peak (NaN and Inf then stay non-finite through the codec)."""
+    _, e = torch.frexp(peak)
+    ok = torch.isfinite(peak) & (peak > 0)
+    return torch.where(ok, e.clamp(-126, 126), torch.zeros_like(e)).to(torch.int32)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

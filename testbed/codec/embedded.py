@@ -49,6 +49,7 @@ class Embedded(Codec):
     name = "embedded"
     codec_id = 4
     rotated = True
+    prescaled = True
 
     def __init__(self, planes: int = 16, unbiased: bool = False):
         if not 1 <= planes <= 16:

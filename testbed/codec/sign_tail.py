@@ -38,12 +38,14 @@ class SignTail(Codec):
         sign = (raw >> 31) & 1
         head = bits.pack_planes(sign, 1).reshape(p, c // 8)
         tail = bits.words_to_bytes(bits.pack31(raw & 0x7FFFFFFF))
-        l1 = y.abs().sum(dim=1)
+        # in float64: squares and sums of float32 values neither underflow nor overflow
+        y64 = y.double()
+        l1 = y64.abs().sum(dim=1)
         if self.unbiased:
-            scale = torch.where(l1 > 0, (y * y).sum(dim=1) / l1, torch.zeros_like(l1))
+            scale = torch.where(l1 > 0, (y64 * y64).sum(dim=1) / l1, torch.zeros_like(l1))
         else:
             scale = l1 / c
-        return torch.cat([head, tail], dim=1), scale
+        return torch.cat([head, tail], dim=1), scale.to(torch.float32)
 
     def decode_block(self, body, length, scale):
         p = body.shape[0]

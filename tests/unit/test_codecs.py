@@ -216,3 +216,53 @@ def test_random_packets_never_crash_the_decoder(name, data):
     ctx = CodecContext(span=1024, coords=352)
     dec = codec.decode(pk, ctx, numel)
     assert dec.tensor.shape == (numel,) and dec.missing.shape == (numel,)
+
+
+# -- float32's whole range -------------------------------------------------------------------
+
+RMS = [1e-35, 1e-30, 1e-22, 1e-10, 1.0, 1e10, 1e18, 1e30, 1e35]
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("rms", RMS)
+def test_every_magnitude_decodes_at_the_usual_nmse(name, params, rms):
+    """A bucket's RMS anywhere from 1e-35 to 1e35 (and one coordinate far above the rest)
+    round-trips as a unit-RMS bucket does, untrimmed and trimmed to 2 bits per coordinate."""
+    codec = get_codec(name, **params)
+    x = torch.randn(3 * CTX.span + 100, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    x[7] = 30.0  # a spike: the rotation must not overflow where one coordinate dominates
+    scaled = (x * rms).to(torch.float32)
+    unit = (x * 1.0).to(torch.float32)
+    for kept in (None, 2 * CTX.coords // 8):
+        got = []
+        for v in (unit, scaled):
+            pk = codec.encode(v, CTX)
+            dec = codec.decode(pk if kept is None else pk.truncated(kept), CTX, v.numel())
+            assert torch.isfinite(dec.tensor).all()
+            got.append(float(((dec.tensor.double() - v.double()) ** 2).sum() / (v.double() ** 2).sum()))
+        rel = 0.3 if name == "bf16" else 0.05  # bf16's rounding error depends on the mantissas scaling gives
+        assert got[1] == pytest.approx(got[0], rel=rel, abs=1e-8), (kept, got)
+
+
+def test_embedded_bytes_do_not_depend_on_the_power_of_two_a_bucket_is_scaled_by():
+    """Spans are prescaled by a power of two: scaling a bucket by 2^k changes only the
+    header scales (by exactly 2^k), never a body byte."""
+    codec = get_codec("embedded")
+    x = torch.randn(2 * CTX.span + 300, generator=torch.Generator().manual_seed(6))
+    a, b = codec.encode(x, CTX), codec.encode(torch.ldexp(x, torch.tensor(-90)), CTX)
+    assert torch.equal(a.body, b.body)
+    assert torch.equal(torch.ldexp(a.scale, torch.tensor(-90)), b.scale)
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_stay_non_finite(name, params, bad):
+    """AMP's GradScaler skips a step whose gradients hold NaN or Inf: after the codec the
+    bucket must still hold a non-finite value (rotated codecs spread it over its span)."""
+    codec = get_codec(name, **params)
+    x = torch.randn(2 * CTX.span, generator=torch.Generator().manual_seed(7))
+    x[CTX.span + 5] = bad
+    dec = codec.decode(codec.encode(x, CTX), CTX, x.numel())
+    assert not torch.isfinite(dec.tensor[CTX.span:]).all()
+    if codec.rotated:
+        assert torch.isfinite(dec.tensor[:CTX.span]).all()  # the other span is untouched
