@@ -267,6 +267,8 @@ def up(st: RackState) -> RackState:
             _run("ip", "-6", "addr", "add", f"{h.data_ipv6}/64", "dev", "eth1", "nodad", ns=h.ns)
             _run("ip", "link", "set", "eth1", "up", ns=h.ns)
             # Real checksums on the data path: a trimmed packet must carry a correct one.
+            # Without checksum offload the kernel also drops UDP segmentation offload, so
+            # a UDP GSO send is segmented before eth1: the switch sees wire packets only.
             _run("ethtool", "-K", "eth1", "tx", "off", "rx", "off", ns=h.ns)
             _run("ethtool", "-K", h.port, "tx", "off", "rx", "off", ns=sw.ns)
             _host_nic(h.ns, "eth1", st.rate_bps, st.delay_ms)

@@ -38,6 +38,34 @@ def udp_burst(dst: str, count: int, size: int, tos: int, port: int = 47001, tag:
         s.sendto(tag.to_bytes(4, "big") + i.to_bytes(4, "big") + pad, (dst, port))
 
 
+def gso_burst(dst: str, count: int, size: int, dscp: int, port: int = 47001, tag: int = 0) -> None:
+    """Like udp_burst, through trimlab's Sender (UDP GSO runs); prints how many system
+    calls it took and whether GSO was used."""
+    from trimlab.agents.transport import Sender
+
+    tx = Sender(dst, port, dscp, ecn=1)
+    calls = []
+    real = tx.sock.sendmsg
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    tx.sock = _Counting(tx.sock, counted)
+    pad = b"\x00" * max(0, size - 8)
+    tx.send_all(tag.to_bytes(4, "big") + i.to_bytes(4, "big") + pad for i in range(count))
+    print(json.dumps({"gso": tx.gso, "sendmsg_calls": len(calls), "sent": tx.sent}))
+
+
+class _Counting:
+    """A socket whose sendmsg is counted; everything else goes to the socket."""
+
+    def __init__(self, sock, sendmsg):
+        self._sock, self.sendmsg = sock, sendmsg
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
 def send_payloads(dst: str, path: str, tos: int, port: int = 47000) -> None:
     """Send the UDP payloads in `path` (one hex string per line)."""
     s = _udp_sender(dst, tos)
@@ -67,10 +95,10 @@ def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "") 
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    fn = {"send": send, "udp_burst": udp_burst, "udp_receive": udp_receive,
+    fn = {"send": send, "udp_burst": udp_burst, "gso_burst": gso_burst, "udp_receive": udp_receive,
           "send_payloads": send_payloads}[cmd]
     kwargs = dict(a.split("=", 1) for a in args)
-    for k in ("count", "size", "tos", "port", "tag"):
+    for k in ("count", "size", "tos", "dscp", "port", "tag"):
         if k in kwargs:
             kwargs[k] = int(kwargs[k])
     for k in ("gap", "idle"):

@@ -142,6 +142,31 @@ def test_ordinary_sockets_receive_trimmed_packets_ipv4_and_ipv6(rack4, sw):
         assert {g[3] for g in got} == {(48 << 2) | 1}
 
 
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_gso_sends_are_trimmed_packet_by_packet(rack4, sw, v6):
+    """trimlab's Sender hands the kernel runs of 64 equal datagrams (UDP GSO); the hosts'
+    data ports segment before the switch, so the switch trims each segment on its own:
+    its counters count segments, every segment arrives trimmed to exactly S with its own
+    header, and the sender's capture sees wire packets, not super-packets."""
+    sw.apply(fragment(rack4, size=128, p=1.0))
+    ps = host(rack4, "ps1")
+    dst = ps.data_ipv6 if v6 else ps.data_ipv4
+    before = sw.counters()
+    cap = Capture(rack4, "w1", "udp port 47001")
+    rx = Receiver(rack4, "ps1", v6=v6)
+    out, err = ns_python(rack4, "w1", "gso_burst", f"dst={dst}", "count=640", "size=1000", "dscp=10",
+                         "tag=7").communicate(timeout=60)
+    sent = json.loads(out)
+    got = rx.result()
+    frames = cap.stop()
+    assert sent == {"gso": True, "sendmsg_calls": 10, "sent": 640}, err  # 10 calls of 64 segments
+    q = delta(before, sw.counters())["queues"][PS_PORT][1]
+    assert q["TRIM_PKTS"] == 640 and q["TRIM_TX_PKTS"] == 640
+    assert sorted(seq for tag, seq, *_ in got if tag == 7) == list(range(640))  # each its own header
+    assert {n for _, _, n, _, _ in got} == {128 - 14 - (40 if v6 else 20) - 8}
+    assert frames and {len(f) for f in frames} == {14 + (40 if v6 else 20) + 8 + 1000}  # (tcpdump may drop some)
+
+
 def test_drop_queue_drops_instead_of_trimming(rack4, sw):
     sw.apply(fragment(rack4, action="drop", budget=0))
     before = sw.counters()

@@ -66,3 +66,35 @@ def test_command_line_send_and_receive():
     assert [x["seq"] for x in lines] == list(range(20)) and {x["dscp"] for x in lines} == {46}
     helptext = subprocess.run([sys.executable, "-m", "trimlab.agents.transport", "--help"], capture_output=True, text=True)
     assert helptext.returncode == 0 and "send" in helptext.stdout
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
+    """Runs of equal sizes (at most 64, a shorter datagram ends one) leave in one system
+    call each; every datagram arrives whole, in order, with its own DSCP."""
+    rx = Receiver(addr, 0)
+    tx = Sender(addr, rx.port, dscp=10)
+    calls = []
+    real = tx.sock
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def sendmsg(self, *a):
+            calls.append(len(a[0][0]))
+            return real.sendmsg(*a)
+    tx.sock = Counting()
+    sizes = [1000] * 100 + [300] + [500] * 70 + [64]
+    payloads = [struct.pack("!I", i) + bytes(n - 4) for i, n in enumerate(sizes)]
+    tx.send_all(payloads)
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < len(payloads) and time.monotonic() < deadline:
+        got += rx.recv_batch(timeout=0.5)
+    assert [d.payload for d in got] == payloads and {d.dscp for d in got} == {10}
+    # 1000 B: 64 + (36 + the 300 B that ends the run); 500 B: 64 + (6 + the 64 B one)
+    assert tx.gso and calls == [64_000, 36_300, 32_000, 3_064]
+    assert tx.sent == len(payloads)
+    rx.close()
+    real.close()
