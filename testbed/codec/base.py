@@ -17,7 +17,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from trimlab.codec import rht
+from trimlab.codec import native, rht
 from trimlab.errors import CodecError
 
 MAX_PACKETS_PER_SPAN = 256  # the header's packet index is one byte
@@ -147,6 +147,7 @@ class Codec:
     prescaled: bool = False
     planes: int = 0  # K, carried in the header
     unbiased: bool = False
+    native_kind: ClassVar[int] = 0  # kernels.c's codec number; 0: torch only
 
     FLAG_UNBIASED: ClassVar[int] = 0x1
     FLAG_ROTATED: ClassVar[int] = 0x2
@@ -178,9 +179,23 @@ class Codec:
         and the number of leading coordinates that carry any information (P,)."""
         raise NotImplementedError
 
+    def present_coords(self, coords: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
+        """How many leading coordinates of a packet carry any information when `nbytes` of
+        its body arrive."""
+        raise NotImplementedError
+
     def expected_nmse(self, coords: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
         """Theoretical per-packet NMSE on Gaussian input when `nbytes` of the body arrive."""
         raise NotImplementedError
+
+    def native_tables(self, device: str) -> dict[str, torch.Tensor]:
+        """The lookup tables kernels.c reads (thresholds, poly, table), shared with the
+        reference so that both quantize and reconstruct from the same numbers."""
+        return {}
+
+    def implementation(self, device: torch.device | str = "cpu") -> str:
+        """'native' (kernels.c) or 'torch' (the reference): what codes on `device`."""
+        return native.implementation(self, device)
 
     # -- whole buckets --------------------------------------------------------------------
     def layout(self, numel: int, ctx: CodecContext) -> Layout:
@@ -215,12 +230,30 @@ class Codec:
                    exps[b.group].repeat_interleave(b.per_span))
 
     def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
-        """Encode a flat float tensor into packets (span-major order)."""
+        """Encode a flat float tensor into packets (span-major order within each block)."""
+        if self.implementation(x.device) == "native":
+            return self._encode_native(x, ctx)
         parts = []
         for b, y, span_idx, pkt_idx, exp in self._blocks(x, ctx):
             body, scale = self.encode_block(y)
             parts.append((span_idx, pkt_idx, b.coords, torch.ldexp(scale, exp), body))
         return _concat(parts, x.device)
+
+    def _encode_native(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
+        flat = x.detach().reshape(-1).to(torch.float32).contiguous()
+        lay = self.layout(flat.numel(), ctx)
+        span, index, coords, length = [], [], [], []
+        for b in lay.blocks:
+            g, n = b.group, b.group.count * b.per_span
+            span.append(torch.arange(g.first, g.first + g.count).repeat_interleave(b.per_span))
+            index.append(torch.arange(b.first_index, b.first_index + b.per_span).repeat(g.count))
+            coords.append(torch.full((n,), b.coords, dtype=torch.int64))
+            length.append(torch.full((n,), self.body_bytes(b.coords), dtype=torch.int64))
+        length = _cat(length)
+        body = torch.empty(length.shape[0], int(length.max()), dtype=torch.uint8)
+        scale = torch.empty(length.shape[0], dtype=torch.float32)
+        native.encode_groups(self, flat, ctx, lay, body, scale)
+        return Packets(_cat(span), _cat(index), _cat(coords), scale, body, length)
 
     def packet_errors(self, x: torch.Tensor, ctx: CodecContext, span: torch.Tensor,
                       index: torch.Tensor, nbytes: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -257,50 +290,37 @@ class Codec:
         """Decode whatever arrived (any subset, any order, any prefix of each body).
         A coordinate is missing when no bit of it arrived; for rotated codecs the rotation
         spreads that over the span, so every coordinate of such a span is marked missing
-        (its value is still the zero-filled estimate)."""
+        (its value is still the zero-filled estimate). Packets whose span, index or size
+        the layout does not have are ignored."""
         lay = self.layout(numel, ctx)
         device = packets.body.device
         nbytes = packets.length.clamp(min=0)
-        present = torch.zeros(len(packets), dtype=torch.int64, device=device)
+        coords = packets.coords.clamp(min=1)
+        present = self.present_coords(coords, nbytes)
+        use_native = self.implementation(device) == "native"
         values, missing = [], []
         for g in lay.groups:
             per_span = lay.packets_in_span(g)
-            ybuf = torch.empty(g.count, g.size, dtype=torch.float32, device=device)
-            got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
-            arrived = torch.zeros(g.count, per_span, dtype=torch.bool, device=device)
-            exp = self._decode_exponents(packets, g)
-            for b in (b for b in lay.blocks if b.group is g):
-                rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
-                        & (packets.index >= b.first_index)
-                        & (packets.index < b.first_index + b.per_span)
-                        & (packets.coords == b.coords)).nonzero().squeeze(1)
-                if rows.numel() == 0:
-                    continue
-                full = self.body_bytes(b.coords)
-                body, length = _block_body(packets, rows, nbytes, full)
-                span, pkt = packets.span[rows] - g.first, packets.index[rows] - b.first_index
-                yhat, pres = self.decode_block(body, length, torch.ldexp(packets.scale[rows], -exp[span]))
-                present[rows] = pres
-                lay.block_view(ybuf, b)[span, pkt] = yhat
-                got[span, pkt + b.first_index] = pres
-                arrived[span, pkt + b.first_index] = True
-            if not bool(arrived.all()):  # lost packets estimate 0: zero their rows only
-                for b in (b for b in lay.blocks if b.group is g):
-                    lay.block_view(ybuf, b)[~arrived[:, b.first_index:b.first_index + b.per_span]] = 0
             sizes = torch.full((per_span,), lay.coords, dtype=torch.int64, device=device)
             sizes[-1] = g.size - (per_span - 1) * lay.coords
+            rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
+                    & (packets.index >= 0) & (packets.index < per_span)).nonzero().squeeze(1)
+            rows = rows[packets.coords[rows] == sizes[packets.index[rows]]]
+            span, pkt = packets.span[rows] - g.first, packets.index[rows]
+            exp = self._decode_exponents(packets, g)
+            if use_native:
+                xs = self._decode_group_native(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
+            else:
+                xs = self._decode_group_torch(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
+            got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
+            got[span, pkt] = present[rows]
             if self.rotated:
-                xs = rht.unrotate(ybuf, self._signs(ctx, g, device))
-                if self.prescaled:
-                    xs = torch.ldexp(xs, exp[:, None])
                 miss = (got < sizes).any(dim=1, keepdim=True).expand(g.count, g.filled)
             else:
-                xs = ybuf
                 col = torch.arange(g.filled, device=device)
                 miss = col[None, :] % lay.coords >= got[:, col // lay.coords]
-            values.append(xs[:, :g.filled].reshape(-1))
+            values.append(xs)
             missing.append(miss.reshape(-1))
-        coords = packets.coords.clamp(min=1)
         stats = {
             "bytes": nbytes,
             "present": present,
@@ -309,6 +329,36 @@ class Codec:
             "expected_nmse": self.expected_nmse(coords, nbytes),
         }
         return Decoded(_cat(values), _cat(missing), stats)
+
+    def _decode_group_torch(self, packets, ctx, lay, g, rows, span, pkt, nbytes, exp) -> torch.Tensor:
+        """The reference: the group's filled coordinates, flat."""
+        device = packets.body.device
+        ybuf = torch.zeros(g.count, g.size, dtype=torch.float32, device=device)
+        for b in (b for b in lay.blocks if b.group is g):
+            sel = ((pkt >= b.first_index) & (pkt < b.first_index + b.per_span)).nonzero().squeeze(1)
+            if sel.numel() == 0:
+                continue
+            body, length = _block_body(packets, rows[sel], nbytes, self.body_bytes(b.coords))
+            yhat, _ = self.decode_block(body, length, torch.ldexp(packets.scale[rows[sel]], -exp[span[sel]]))
+            lay.block_view(ybuf, b)[span[sel], pkt[sel] - b.first_index] = yhat
+        xs = ybuf
+        if self.rotated:
+            xs = rht.unrotate(ybuf, self._signs(ctx, g, device))
+        if self.prescaled:
+            xs = torch.ldexp(xs, exp[:, None])
+        return xs[:, :g.filled].reshape(-1)
+
+    def _decode_group_native(self, packets, ctx, lay, g, rows, span, pkt, nbytes, exp) -> torch.Tensor:
+        per_span = lay.packets_in_span(g)
+        body = packets.body.contiguous()
+        slots = torch.full((g.count * per_span,), -1, dtype=torch.int64)
+        slots[span * per_span + pkt] = rows
+        row_scale = packets.scale.to(torch.float32).clone()
+        row_scale[rows] = torch.ldexp(row_scale[rows], -exp[span])
+        out = torch.empty(g.count * g.filled, dtype=torch.float32)
+        native.decode_group(self, ctx, g, body, slots, nbytes.clamp(max=body.shape[1]).contiguous(),
+                            row_scale, exp.to(torch.int32).contiguous(), out)
+        return out
 
     def _decode_exponents(self, packets: Packets, g: SpanGroup) -> torch.Tensor:
         """Per span of `g`: the power of two its packets' scales are divided by while
@@ -320,6 +370,20 @@ class Codec:
         peak = torch.zeros(g.count, dtype=torch.float32, device=packets.body.device)
         peak = peak.scatter_reduce(0, packets.span[sel] - g.first, packets.scale[sel].abs(), "amax")
         return span_exponents(peak)
+
+
+def lane_sum(v: torch.Tensor) -> torch.Tensor:
+    """Row sums of v (P, c), c a multiple of 32, in the order kernels.c uses: 32 lanes
+    accumulated row after row of 32, then folded in halves (16, 8, 4, 2, 1)."""
+    lanes = v.reshape(v.shape[0], -1, 32)
+    acc = torch.zeros_like(lanes[:, 0])
+    for r in range(lanes.shape[1]):
+        acc = acc + lanes[:, r]
+    w = 16
+    while w:
+        acc = acc[:, :w] + acc[:, w:2 * w]
+        w //= 2
+    return acc[:, 0]
 
 
 def span_exponents(peak: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The embedded codec (default): nested Panter–Dite cells sent as bit planes.
 
 Per packet of c rotated coordinates: σ = ‖y‖/√c goes in the header, z = y/σ,
-q = ⌊2^K·Φ(z/√3)⌋ clipped to [0, 2^K−1]. Plane j carries bit K−1−j of every q, so the
+q = ⌊2^K·Φ(z/√3)⌋ clipped to [0, 2^K−1], computed exactly as the number of thresholds
+√3·Φ⁻¹(j/2^16) (one float32 table, nested for every K) that z reaches, shifted to K bits. Plane j carries bit K−1−j of every q, so the
 first k planes give q ≫ (K−k), the level-k cell of z, and ẑ is that cell's N(0,1)
 centroid. A trim anywhere keeps whole planes plus a prefix of the next one.
 """
@@ -13,11 +14,47 @@ import math
 
 import torch
 
-from trimlab.codec import bits
-from trimlab.codec.base import Codec
+import numpy as np
+
+from trimlab.codec import bits, native
+from trimlab.codec.base import Codec, lane_sum
 from trimlab.errors import CodecError
 
 SQRT3 = math.sqrt(3.0)
+QBITS = 16  # the threshold table's resolution: q is computed at 16 bits, then shifted
+POLY_LO, POLY_PER_UNIT, POLY_CELLS = -8.0, 16, 256  # kernels.c's cubic guess of q
+
+
+@functools.lru_cache(maxsize=None)
+def thresholds() -> torch.Tensor:
+    """T[j] = √3·Φ⁻¹(j/2^16) in float32 for j = 1..2^16−1, T[0] = −∞, T[2^16] = +∞:
+    q16 = #{j : T[j] ≤ z}. Computed once on the CPU in float64 and shared by both
+    implementations and every device. The first 2^K−1 thresholds of level K are
+    T[j·2^(16−K)] (the same fractions), so q = q16 ≫ (16 − K) for every K."""
+    j = torch.arange(1, 1 << QBITS, dtype=torch.float64)
+    inner = (SQRT3 * torch.special.ndtri(j / (1 << QBITS))).to(torch.float32)
+    inf = torch.tensor([math.inf], dtype=torch.float32)
+    return torch.cat([-inf, inner, inf])
+
+
+@functools.lru_cache(maxsize=None)
+def guess_poly() -> torch.Tensor:
+    """Per cell of width 1/16 on [−8, 8): the cubic in t ∈ [0, 1) nearest to
+    2^16·Φ(z/√3), z = −8 + (cell + t)/16. kernels.c starts from it and corrects the guess
+    by comparisons with thresholds(), so its accuracy (≪ 1 step) never shows in q."""
+    t = (np.arange(64) + 0.5) / 64
+    vander = np.stack([t ** k for k in range(4)], axis=1)
+    cells = np.arange(POLY_CELLS)[:, None]
+    z = POLY_LO + (cells + t[None, :]) / POLY_PER_UNIT
+    target = (1 << QBITS) * torch.special.ndtr(torch.from_numpy(z / SQRT3)).numpy()
+    coef, *_ = np.linalg.lstsq(vander, target.T, rcond=None)
+    return torch.from_numpy(coef.T.astype(np.float32)).contiguous()
+
+
+def quantize16(z: torch.Tensor) -> torch.Tensor:
+    """q16 = #{j : T[j] ≤ z} (int64), z already free of NaN."""
+    inner = thresholds().to(z.device)[1:-1]
+    return torch.searchsorted(inner, z.contiguous(), right=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,6 +87,7 @@ class Embedded(Codec):
     codec_id = 4
     rotated = True
     prescaled = True
+    native_kind = native.EMBEDDED
 
     def __init__(self, planes: int = 16, unbiased: bool = False):
         if not 1 <= planes <= 16:
@@ -86,14 +124,15 @@ class Embedded(Codec):
     def body_bytes(self, coords: int) -> int:
         return self.planes * coords // 8
 
+    def native_tables(self, device):
+        return {"thresholds": thresholds(), "poly": guess_poly(), "table": self._table(device)}
+
     def encode_block(self, y):
         c = y.shape[1]
-        sigma = torch.linalg.vector_norm(y, dim=1) / math.sqrt(c)
-        # Φ(z/√3) = (1 + erf(y / (σ√6))) / 2; erf is several times faster than ndtr.
-        inv = torch.where(sigma > 0, 1.0 / (sigma * math.sqrt(6.0)), torch.zeros_like(sigma))
-        half = float(1 << (self.planes - 1))
-        u = torch.erf(y * inv[:, None]).mul_(half).add_(half)
-        q = u.to(torch.int32).clamp_(max=(1 << self.planes) - 1)  # u ≥ 0: truncation is floor
+        sigma = torch.sqrt(lane_sum(y * y) / c)
+        z = torch.where(sigma[:, None] > 0, y / sigma[:, None], torch.zeros_like(y))
+        z = torch.where(torch.isnan(z), torch.zeros_like(z), z)
+        q = quantize16(z) >> (QBITS - self.planes)
         return bits.pack_planes(q, self.planes).reshape(y.shape[0], -1), sigma
 
     def decode_block(self, body, length, scale):
@@ -109,8 +148,13 @@ class Embedded(Codec):
         refined = torch.arange(c, device=body.device)[None, :] < 8 * part[:, None]
         v = (q << 1) | (marker >> refined.to(torch.int32))
         zhat = self._table(str(body.device)).index_select(0, v.reshape(-1)).view(p, c)
-        present = torch.where(whole > 0, torch.full_like(whole, c), 8 * part)
-        return zhat * scale[:, None], present
+        return zhat * scale[:, None], self.present_coords(torch.full_like(length, c), length)
+
+    def present_coords(self, coords, nbytes):
+        plane = (coords // 8).clamp(min=1)
+        whole = torch.clamp(nbytes // plane, max=self.planes)
+        part = torch.where(whole < self.planes, nbytes - whole * plane, torch.zeros_like(nbytes))
+        return torch.where(whole > 0, coords, torch.clamp(8 * part, max=coords))
 
     def expected_nmse(self, coords, nbytes):
         plane = (coords // 8).clamp(min=1)

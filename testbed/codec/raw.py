@@ -33,6 +33,9 @@ class _Raw(Codec):
         present = torch.clamp(length // self.width, max=c)
         return values, present  # bytes past the cut arrive zeroed: those values are 0
 
+    def present_coords(self, coords, nbytes):
+        return torch.clamp(nbytes // self.width, max=coords)
+
     def expected_nmse(self, coords, nbytes):
         present = torch.clamp(nbytes // self.width, max=coords)
         return (present * self.rounding_nmse + (coords - present)) / coords

@@ -3,8 +3,8 @@
 The ±1 diagonal D comes from a counter-based hash of (seed, step, bucket, span,
 coordinate), computed with integer arithmetic that never overflows int64, so the signs are
 bit-identical on every host, OS, torch version and device (no torch.Generator).
-H is applied as a Kronecker product H_{2^a} ⊗ H_{2^b} (two small matrix products), which
-is several times faster than a butterfly FWHT in torch.
+H is applied as butterflies in a fixed stage order, which defines the float32 rounding
+that the native kernel (kernels.c) reproduces bit for bit.
 """
 
 from __future__ import annotations
@@ -105,24 +105,34 @@ def hadamard(n: int, device: str = "cpu", dtype: torch.dtype = torch.float32) ->
 
 
 def fwht(y: torch.Tensor) -> torch.Tensor:
-    """Unnormalized Walsh–Hadamard transform along the last dim (a power of two),
-    as H_{2^a} ⊗ H_{2^b}: Y = H_a · X · H_b with X the (2^a, 2^b) reshape of each row."""
+    """Unnormalized Walsh–Hadamard transform along the last dim (a power of two), as
+    butterflies in a fixed order: stage h = 1, 2, 4, ... replaces each pair (a, b) at
+    distance h by (a + b, a − b). The order defines the float32 rounding, so the native
+    kernel (kernels.c), which runs the same stages, gives the same bits."""
     *lead, n = y.shape
     m = n.bit_length() - 1
     if n != 1 << m:
         raise ValueError(f"Hadamard length {n} is not a power of two")
-    b = m // 2
-    ha = hadamard(1 << (m - b), str(y.device), y.dtype)
-    hb = hadamard(1 << b, str(y.device), y.dtype)
-    x = y.reshape(-1, 1 << (m - b), 1 << b)
-    return torch.matmul(ha, torch.matmul(x, hb)).reshape(*lead, n)
+    x = y.reshape(-1, n)
+    h = 1
+    while h < n:
+        pairs = x.view(-1, n // (2 * h), 2, h)
+        a, b = pairs[:, :, 0], pairs[:, :, 1]
+        x = torch.stack((a + b, a - b), dim=2).view(-1, n)
+        h *= 2
+    return x.reshape(*lead, n)
+
+
+def _inv_sqrt(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """1/√n rounded once to the working precision (as the native kernel does)."""
+    return torch.tensor(1.0 / math.sqrt(n), dtype=dtype)
 
 
 def rotate(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """R(x) = H·D·x/√n, row-wise for x of shape (S, n), D given by its sign masks."""
-    return fwht(flip_signs(x, masks)).mul_(1.0 / math.sqrt(x.shape[-1]))
+    return fwht(flip_signs(x, masks)).mul_(_inv_sqrt(x.shape[-1], x.dtype))
 
 
 def unrotate(y: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """R⁻¹(y) = D·H·y/√n."""
-    return flip_signs(fwht(y).mul_(1.0 / math.sqrt(y.shape[-1])), masks)
+    return flip_signs(fwht(y).mul_(_inv_sqrt(y.shape[-1], y.dtype)), masks)

@@ -12,14 +12,15 @@ import math
 
 import torch
 
-from trimlab.codec import bits
-from trimlab.codec.base import Codec
+from trimlab.codec import bits, native
+from trimlab.codec.base import Codec, lane_sum
 
 
 class SignTail(Codec):
     name = "sign_tail"
     codec_id = 3
     planes = 32
+    native_kind = native.SIGN_TAIL
 
     def __init__(self, unbiased: bool = False, rotate: bool = True):
         self.unbiased = bool(unbiased)
@@ -38,11 +39,12 @@ class SignTail(Codec):
         sign = (raw >> 31) & 1
         head = bits.pack_planes(sign, 1).reshape(p, c // 8)
         tail = bits.words_to_bytes(bits.pack31(raw & 0x7FFFFFFF))
-        # in float64: squares and sums of float32 values neither underflow nor overflow
+        # in float64: squares and sums of float32 values neither underflow nor overflow;
+        # summed in kernels.c's order, so both implementations write the same scale
         y64 = y.double()
-        l1 = y64.abs().sum(dim=1)
+        l1 = lane_sum(y64.abs())
         if self.unbiased:
-            scale = torch.where(l1 > 0, (y64 * y64).sum(dim=1) / l1, torch.zeros_like(l1))
+            scale = torch.where(l1 > 0, lane_sum(y64 * y64) / l1, torch.zeros_like(l1))
         else:
             scale = l1 / c
         return torch.cat([head, tail], dim=1), scale.to(torch.float32)
@@ -62,6 +64,9 @@ class SignTail(Codec):
         yhat = torch.where(coord < exact[:, None], exact_val,
                            torch.where(coord < have_sign[:, None], one_bit, torch.zeros_like(one_bit)))
         return yhat, have_sign
+
+    def present_coords(self, coords, nbytes):
+        return torch.clamp(8 * nbytes, max=coords)
 
     def expected_nmse(self, coords, nbytes):
         head = coords // 8

@@ -1,0 +1,469 @@
+/* Native CPU kernels of the rotated codecs (embedded, sign_tail): one pass per span while
+ * it is in cache — prescale, sign flip, Walsh–Hadamard butterflies, per-packet scale,
+ * quantization, plane packing — and the inverse.
+ *
+ * Bit-exact with the torch reference (trimlab.codec.*), which defines the arithmetic:
+ *   - butterflies stage by stage, h = 1, 2, 4, ... (a+b, a-b), then × (float)(1/√n);
+ *   - per-packet sums in 32 lanes, row after row, then folded 16, 8, 4, 2, 1;
+ *   - embedded: q = number of thresholds T[j] ≤ z (one shared table), found from a cubic
+ *     guess and corrected by comparisons, so the guess's rounding never shows;
+ *   - no contraction into FMA (built with -ffp-contract=off), no fast-math.
+ * Built by trimlab.native at first use; loaded with ctypes by trimlab.codec.native. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define EMBEDDED 1
+#define SIGN_TAIL 2
+#define QBITS 16
+#define POLY_LO (-8.0f)
+#define POLY_PER_UNIT 16
+#define POLY_CELLS 256
+
+typedef struct {
+    int codec;             /* EMBEDDED or SIGN_TAIL */
+    int rotated, prescaled, planes, unbiased;
+    uint64_t seed, step, bucket;
+    int64_t first_span, count, filled, size, coords;
+    const float *thresholds; /* embedded encode: T[0..2^16], T[0] = -inf, T[2^16] = +inf */
+    const float *poly;       /* embedded encode: 4 coefficients per cell */
+    const float *table;      /* embedded decode: centroid of v = (q << 1) | marker */
+    /* encode */
+    const float *x;          /* the group's first coordinate */
+    uint8_t *body;           /* packet rows */
+    int64_t width;           /* bytes per row */
+    int64_t row_full, row_tail; /* first row of the full-packet block, of the tail block */
+    float *scale;            /* per row, the header scale */
+    /* decode */
+    const int64_t *slots;    /* per (span, packet in span): its row, or -1 */
+    const int64_t *length;   /* per row: body bytes present */
+    const float *row_scale;  /* per row: header scale ÷ 2^(span exponent) */
+    const int32_t *exps;     /* per span of the group: that exponent */
+    float *out;              /* the group's first output coordinate */
+} job_t;
+
+/* -- the RHT's signs: splitmix64 span keys, murmur3's fmix32 per 32 coordinates ---------- */
+static uint64_t splitmix64(uint64_t h) {
+    h += 0x9E3779B97F4A7C15ull;
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    return h ^ (h >> 31);
+}
+
+uint64_t tl_span_key(uint64_t seed, uint64_t step, uint64_t bucket, uint64_t span) {
+    uint64_t h = 0;
+    h = splitmix64(h ^ seed);
+    h = splitmix64(h ^ step);
+    h = splitmix64(h ^ bucket);
+    return splitmix64(h ^ span);
+}
+
+static uint32_t fmix32(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    return h ^ (h >> 16);
+}
+
+static void flip_signs(float *y, int64_t n, uint64_t key) {
+    uint32_t k1 = (uint32_t)key, k2 = (uint32_t)(key >> 32);
+    uint32_t *w = (uint32_t *)y;
+    for (int64_t word = 0; word < n / 32; word++) {
+        uint32_t h = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ k1) ^ k2);
+        uint32_t *v = w + 32 * word;
+        for (int t = 0; t < 32; t++) v[t] ^= ((h >> t) & 1u) << 31;
+    }
+}
+
+/* -- Walsh–Hadamard butterflies, stage order fixed ---------------------------------------- */
+static void fwht(float *y, int64_t n) {
+    int64_t h = 1;
+#ifdef __AVX2__
+    /* stages 1, 2, 4 inside each 8-float register: the same sums and differences */
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(y + i), w;
+        w = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xAA);
+        w = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xCC);
+        w = _mm256_permute2f128_ps(v, v, 1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xF0);
+        _mm256_storeu_ps(y + i, v);
+    }
+    h = 8;
+#endif
+    for (; h < n; h <<= 1) {
+        if (h < 8) {
+            for (int64_t i = 0; i < n; i += 2 * h)
+                for (int64_t j = i; j < i + h; j++) {
+                    float a = y[j], b = y[j + h];
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+        } else {
+            for (int64_t i = 0; i < n; i += 2 * h) {
+                float *restrict lo = y + i, *restrict hi = y + i + h;
+                for (int64_t j = 0; j < h; j++) {
+                    float a = lo[j], b = hi[j];
+                    lo[j] = a + b;
+                    hi[j] = a - b;
+                }
+            }
+        }
+    }
+}
+
+static void scale_by(float *y, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) y[i] *= s;
+}
+
+/* -- 8×8 bit-matrix reflection about the anti-diagonal (as trimlab.codec.bits) ------------ */
+static uint64_t antitranspose8(uint64_t x) {
+    uint64_t t;
+    t = ((x >> 36) ^ x) & 0x000000000F0F0F0Full; x ^= t; x ^= t << 36;
+    t = ((x >> 18) ^ x) & 0x0000333300003333ull; x ^= t; x ^= t << 18;
+    t = ((x >> 9) ^ x) & 0x0055005500550055ull; x ^= t; x ^= t << 9;
+    return x;
+}
+
+/* Sums of the c values (c a multiple of 32) in 32 lanes, row after row, folded. */
+static float lane_sum_sq_f32(const float *y, int64_t c) {
+    float acc[32] = {0};
+    for (int64_t r = 0; r < c; r += 32)
+        for (int t = 0; t < 32; t++) acc[t] += y[r + t] * y[r + t];
+    for (int w = 16; w; w >>= 1)
+        for (int t = 0; t < w; t++) acc[t] = acc[t] + acc[t + w];
+    return acc[0];
+}
+
+static double lane_sum_f64(const float *y, int64_t c, int square) {
+    double acc[32] = {0};
+    for (int64_t r = 0; r < c; r += 32)
+        for (int t = 0; t < 32; t++) {
+            double v = (double)y[r + t];
+            acc[t] += square ? v * v : fabs(v);
+        }
+    for (int w = 16; w; w >>= 1)
+        for (int t = 0; t < w; t++) acc[t] = acc[t] + acc[t + w];
+    return acc[0];
+}
+
+/* -- embedded: one packet ----------------------------------------------------------------- */
+/* q16 = #{j : T[j] ≤ z}: the cubic's guess, then one step down or up by comparison. */
+static inline uint32_t quantize_one(const job_t *J, float z) {
+    const float *T = J->thresholds, *P = J->poly;
+    if (z != z) z = 0.0f;
+    float zc = z < POLY_LO ? POLY_LO : (z > -POLY_LO ? -POLY_LO : z);
+    float u = (zc - POLY_LO) * (float)POLY_PER_UNIT;
+    int m = (int)u;
+    m = m < 0 ? 0 : (m > POLY_CELLS - 1 ? POLY_CELLS - 1 : m);
+    float t = u - (float)m;
+    const float *a = P + 4 * m;
+    float g = a[0] + t * (a[1] + t * (a[2] + t * a[3]));
+    int q0 = (int)g;
+    q0 = q0 < 0 ? 0 : (q0 > (1 << QBITS) - 1 ? (1 << QBITS) - 1 : q0);
+    return (uint32_t)(q0 - (z < T[q0]) + (z >= T[q0 + 1]));
+}
+
+/* z = y/σ (0 where σ is not positive), quantized; the high and low bytes of q16 apart. */
+static void quantize(const job_t *J, const float *y, int64_t c, float sigma, uint8_t *qhi, uint8_t *qlo) {
+    int ok = sigma > 0;
+    int64_t i = 0;
+#ifdef __AVX2__
+    const __m256 vs = _mm256_set1_ps(sigma), lo = _mm256_set1_ps(POLY_LO), hi = _mm256_set1_ps(-POLY_LO);
+    const __m256 per = _mm256_set1_ps((float)POLY_PER_UNIT), zero = _mm256_setzero_ps();
+    const __m256i cells = _mm256_set1_epi32(POLY_CELLS - 1), qmax = _mm256_set1_epi32((1 << QBITS) - 1);
+    const __m256i izero = _mm256_setzero_si256(), byte = _mm256_set1_epi32(0xFF);
+    for (; i + 8 <= c; i += 8) {
+        __m256 z = ok ? _mm256_div_ps(_mm256_loadu_ps(y + i), vs) : zero;
+        z = _mm256_blendv_ps(z, zero, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+        __m256 zc = _mm256_min_ps(_mm256_max_ps(z, lo), hi);
+        __m256 u = _mm256_mul_ps(_mm256_sub_ps(zc, lo), per);
+        __m256i m = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(u), izero), cells);
+        __m256 t = _mm256_sub_ps(u, _mm256_cvtepi32_ps(m));
+        __m256i m4 = _mm256_slli_epi32(m, 2);
+        __m256 g = _mm256_i32gather_ps(J->poly + 3, m4, 4);
+        g = _mm256_add_ps(_mm256_i32gather_ps(J->poly + 2, m4, 4), _mm256_mul_ps(t, g));
+        g = _mm256_add_ps(_mm256_i32gather_ps(J->poly + 1, m4, 4), _mm256_mul_ps(t, g));
+        g = _mm256_add_ps(_mm256_i32gather_ps(J->poly, m4, 4), _mm256_mul_ps(t, g));
+        __m256i q = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(g), izero), qmax);
+        __m256 below = _mm256_cmp_ps(z, _mm256_i32gather_ps(J->thresholds, q, 4), _CMP_LT_OQ);
+        __m256 above = _mm256_cmp_ps(z, _mm256_i32gather_ps(J->thresholds + 1, q, 4), _CMP_GE_OQ);
+        q = _mm256_sub_epi32(_mm256_add_epi32(q, _mm256_castps_si256(below)), _mm256_castps_si256(above));
+        __m256i h8 = _mm256_srli_epi32(q, 8), l8 = _mm256_and_si256(q, byte);
+        __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h8), _mm256_extracti128_si256(h8, 1));
+        __m128i l16 = _mm_packus_epi32(_mm256_castsi256_si128(l8), _mm256_extracti128_si256(l8, 1));
+        _mm_storel_epi64((__m128i *)(qhi + i), _mm_packus_epi16(h16, h16));
+        _mm_storel_epi64((__m128i *)(qlo + i), _mm_packus_epi16(l16, l16));
+    }
+#endif
+    for (; i < c; i++) {
+        uint32_t q = quantize_one(J, ok ? y[i] / sigma : 0.0f);
+        qhi[i] = (uint8_t)(q >> 8);
+        qlo[i] = (uint8_t)q;
+    }
+}
+
+static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body,
+                                    uint8_t *q) {
+    float sigma = sqrtf(lane_sum_sq_f32(y, c) / (float)c);
+    uint8_t *qhi = q, *qlo = q + J->coords;
+    quantize(J, y, c, sigma, qhi, qlo);
+    /* plane j is bit 15-j of q16 (the top K bits of q16 are the K-bit index) */
+    int64_t plane = c / 8;
+    int k = J->planes;
+    for (int64_t g8 = 0; g8 < plane; g8++) {
+        uint64_t hi, lo;
+        memcpy(&hi, qhi + 8 * g8, 8);
+        memcpy(&lo, qlo + 8 * g8, 8);
+        hi = antitranspose8(hi);
+        lo = antitranspose8(lo);
+        for (int j = 0; j < k && j < 8; j++) body[j * plane + g8] = (uint8_t)(hi >> (8 * j));
+        for (int j = 8; j < k; j++) body[j * plane + g8] = (uint8_t)(lo >> (8 * (j - 8)));
+    }
+    return sigma;
+}
+
+static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
+                                   int64_t c, float *y) {
+    int k = J->planes;
+    int64_t plane = c / 8, full = (int64_t)k * plane;
+    if (len > full) len = full;
+    if (len < 0) len = 0;
+    int64_t whole = len / plane;
+    if (whole > k) whole = k;
+    int64_t part = whole < k ? len - whole * plane : 0;
+    uint32_t marker = 1u << (k - whole);
+    uint32_t refined = marker >> 1;
+    int64_t refined_coords = 8 * part;
+    const float *table = J->table;
+#ifdef __AVX2__
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vmark = _mm256_set1_epi32((int)marker);
+    const __m256i vref = _mm256_set1_epi32((int)refined), nref = _mm256_set1_epi32((int)refined_coords);
+    const __m128i drop = _mm_cvtsi32_si128(QBITS - k);
+    const __m256 vscale = _mm256_set1_ps(scale);
+#endif
+    for (int64_t g8 = 0; g8 < plane; g8++) {
+        uint64_t hi = 0, lo = 0;
+        for (int j = 0; j < whole; j++) { /* complete planes */
+            uint64_t b = body[j * plane + g8];
+            if (j < 8) hi |= b << (8 * j);
+            else lo |= b << (8 * (j - 8));
+        }
+        if (g8 < part) { /* the partial plane's prefix */
+            uint64_t b = body[whole * plane + g8];
+            if (whole < 8) hi |= b << (8 * whole);
+            else lo |= b << (8 * (whole - 8));
+        }
+        hi = antitranspose8(hi);
+        lo = antitranspose8(lo);
+#ifdef __AVX2__
+        __m256i h32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)hi));
+        __m256i l32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)lo));
+        __m256i q = _mm256_srl_epi32(_mm256_or_si256(_mm256_slli_epi32(h32, 8), l32), drop);
+        __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32((int)(8 * g8)));
+        __m256i mark = _mm256_blendv_epi8(vmark, vref, _mm256_cmpgt_epi32(nref, idx));
+        __m256i v = _mm256_or_si256(_mm256_slli_epi32(q, 1), mark);
+        _mm256_storeu_ps(y + 8 * g8, _mm256_mul_ps(_mm256_i32gather_ps(table, v, 4), vscale));
+#else
+        for (int t = 0; t < 8; t++) {
+            int64_t i = 8 * g8 + t;
+            uint32_t q16 = (uint32_t)((hi >> (8 * t)) & 0xFF) << 8 | (uint32_t)((lo >> (8 * t)) & 0xFF);
+            uint32_t v = ((q16 >> (QBITS - k)) << 1) | (i < refined_coords ? refined : marker);
+            y[i] = table[v] * scale;
+        }
+#endif
+    }
+}
+
+/* -- sign_tail: one packet ---------------------------------------------------------------- */
+static float sign_tail_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body) {
+    const uint32_t *raw = (const uint32_t *)y;
+    for (int64_t g8 = 0; g8 < c / 8; g8++) {
+        uint8_t b = 0;
+        for (int t = 0; t < 8; t++) b |= (uint8_t)((raw[8 * g8 + t] >> 31) << (7 - t));
+        body[g8] = b;
+    }
+    uint32_t *tail = (uint32_t *)(body + c / 8); /* little-endian hosts only (checked at load) */
+    for (int64_t g = 0; g < c / 32; g++) {
+        const uint32_t *v = raw + 32 * g;
+        uint32_t *w = tail + 31 * g;
+        for (int j = 0; j < 31; j++) {
+            uint32_t lo = (v[j] & 0x7FFFFFFFu) & ((1u << (31 - j)) - 1u);
+            w[j] = (lo << (j + 1)) | ((v[j + 1] & 0x7FFFFFFFu) >> (30 - j));
+        }
+    }
+    double l1 = lane_sum_f64(y, c, 0);
+    double s;
+    if (J->unbiased) s = l1 > 0 ? lane_sum_f64(y, c, 1) / l1 : 0.0;
+    else s = l1 / (double)c;
+    return (float)s;
+}
+
+static void sign_tail_decode_packet(const uint8_t *body, int64_t len, float scale, int64_t c, float *y) {
+    int64_t head = c / 8, full = 4 * c;
+    if (len > full) len = full;
+    if (len < 0) len = 0;
+    int64_t words = len > head ? (len - head) / 4 : 0;
+    int64_t exact = (words / 31) * 32 + words % 31;
+    int64_t have_sign = 8 * len < c ? 8 * len : c;
+    const uint8_t *tail = body + head;
+    for (int64_t i = 0; i < c; i++) {
+        uint32_t sign = (body[i / 8] >> (7 - i % 8)) & 1u;
+        if (i < exact) {
+            int64_t g = i / 32, j = i % 32;
+            uint32_t w_prev = 0, w_cur = 0, mag;
+            if (j > 0) memcpy(&w_prev, tail + 4 * (31 * g + j - 1), 4);
+            if (j < 31) memcpy(&w_cur, tail + 4 * (31 * g + j), 4);
+            if (j == 31) mag = w_prev & 0x7FFFFFFFu;
+            else mag = ((j ? (w_prev & ((1u << j) - 1u)) << (31 - j) : 0u)
+                        | ((w_cur >> (j + 1)) & ((1u << (31 - j)) - 1u)));
+            uint32_t bits = mag | (sign << 31);
+            memcpy(y + i, &bits, 4);
+        } else if (i < have_sign) {
+            y[i] = (float)(1 - 2 * (int)sign) * scale;
+        } else {
+            y[i] = 0.0f;
+        }
+    }
+}
+
+/* -- spans ------------------------------------------------------------------------------- */
+static int32_t span_exponent(const float *x, int64_t n) {
+    /* the largest |x| as bits: non-finite values (exponent all ones) sort above the rest */
+    const uint32_t *b = (const uint32_t *)x;
+    uint32_t top = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a = b[i] & 0x7FFFFFFFu;
+        top = a > top ? a : top;
+    }
+    if (top >= 0x7F800000u || top == 0) return 0;
+    float peak;
+    memcpy(&peak, &top, 4);
+    int e;
+    frexpf(peak, &e);
+    return e < -126 ? -126 : (e > 126 ? 126 : e);
+}
+
+static int64_t packets_in_span(const job_t *J) { return (J->size + J->coords - 1) / J->coords; }
+
+static int64_t row_of(const job_t *J, int64_t s, int64_t p) {
+    int64_t n_full = J->size / J->coords;
+    return p < n_full ? J->row_full + s * n_full + p : J->row_tail + s;
+}
+
+static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q) {
+    const float *x = J->x + s * J->filled;
+    int64_t n = J->size;
+    memcpy(buf, x, (size_t)J->filled * sizeof(float));
+    memset(buf + J->filled, 0, (size_t)(n - J->filled) * sizeof(float));
+    int32_t e = 0;
+    if (J->prescaled) {
+        e = span_exponent(buf, J->filled);
+        scale_by(buf, J->filled, ldexpf(1.0f, -e));
+    }
+    if (J->rotated) {
+        flip_signs(buf, n, tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s)));
+        fwht(buf, n);
+        scale_by(buf, n, (float)(1.0 / sqrt((double)n)));
+    }
+    float unit = ldexpf(1.0f, e);
+    for (int64_t p = 0; p < packets_in_span(J); p++) {
+        int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
+        int64_t row = row_of(J, s, p);
+        uint8_t *body = J->body + row * J->width;
+        float sigma;
+        int64_t used;
+        if (J->codec == EMBEDDED) {
+            sigma = embedded_encode_packet(J, buf + p * J->coords, c, body, q);
+            used = (int64_t)J->planes * c / 8;
+        } else {
+            sigma = sign_tail_encode_packet(J, buf + p * J->coords, c, body);
+            used = 4 * c;
+        }
+        memset(body + used, 0, (size_t)(J->width - used));
+        J->scale[row] = sigma * unit;
+    }
+}
+
+static void decode_span(const job_t *J, int64_t s, float *buf) {
+    int64_t n = J->size, per_span = packets_in_span(J);
+    for (int64_t p = 0; p < per_span; p++) {
+        int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
+        float *y = buf + p * J->coords;
+        int64_t row = J->slots[s * per_span + p];
+        if (row < 0) {
+            memset(y, 0, (size_t)c * sizeof(float));
+        } else if (J->codec == EMBEDDED) {
+            embedded_decode_packet(J, J->body + row * J->width, J->length[row], J->row_scale[row], c, y);
+        } else {
+            sign_tail_decode_packet(J->body + row * J->width, J->length[row], J->row_scale[row], c, y);
+        }
+    }
+    if (J->rotated) {
+        fwht(buf, n);
+        scale_by(buf, n, (float)(1.0 / sqrt((double)n)));
+        flip_signs(buf, n, tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s)));
+    }
+    if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, J->exps[s]));
+    memcpy(J->out + s * J->filled, buf, (size_t)J->filled * sizeof(float));
+}
+
+typedef struct {
+    const job_t *job;
+    int64_t first, last;
+    int encode, status;
+} part_t;
+
+static void *run_part(void *arg) {
+    part_t *P = arg;
+    const job_t *J = P->job;
+    float *buf = aligned_alloc(64, (size_t)((J->size * 4 + 63) / 64 * 64));
+    uint8_t *q = malloc((size_t)J->coords * 2);
+    if (!buf || !q) {
+        free(buf);
+        free(q);
+        P->status = -1;
+        return NULL;
+    }
+    for (int64_t s = P->first; s < P->last; s++) {
+        if (P->encode) encode_span(J, s, buf, q);
+        else decode_span(J, s, buf);
+    }
+    free(buf);
+    free(q);
+    P->status = 0;
+    return NULL;
+}
+
+/* Spans [0, count) split over up to `threads` threads (the caller's thread included). */
+static int run_spans(const job_t *J, int encode, int threads) {
+    if (threads < 1) threads = 1;
+    if (threads > J->count) threads = (int)J->count;
+    if (threads > 64) threads = 64;
+    part_t parts[64];
+    pthread_t tids[64];
+    int started[64] = {0};
+    for (int t = 0; t < threads; t++) {
+        parts[t] = (part_t){J, J->count * t / threads, J->count * (t + 1) / threads, encode, -1};
+        if (t > 0) started[t] = pthread_create(&tids[t], NULL, run_part, &parts[t]) == 0;
+    }
+    run_part(&parts[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t]) pthread_join(tids[t], NULL);
+        else run_part(&parts[t]);
+    }
+    for (int t = 0; t < threads; t++)
+        if (parts[t].status) return -1;
+    return 0;
+}
+
+int tl_encode_group(const job_t *J, int threads) { return run_spans(J, 1, threads); }
+int tl_decode_group(const job_t *J, int threads) { return run_spans(J, 0, threads); }
+int tl_job_size(void) { return (int)sizeof(job_t); }

@@ -1,0 +1,134 @@
+"""The native codec kernels (kernels.c) put the same bytes on the wire as the torch
+reference and decode every truncation to the same values — built with the host's vector
+units and without them (the plain C path that hosts without AVX2 run)."""
+
+import ctypes
+
+import pytest
+import torch
+
+from trimlab import native as build
+from trimlab import resources
+from trimlab.codec import CodecContext, get_codec, native, rht
+from trimlab.codec.embedded import QBITS, guess_poly, quantize16, thresholds
+
+VARIANTS = [("embedded", {}), ("embedded", {"planes": 8}), ("embedded", {"planes": 1}),
+            ("embedded", {"unbiased": True}), ("sign_tail", {}), ("sign_tail", {"unbiased": True}),
+            ("sign_tail", {"rotate": False})]
+IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items()) or 'default'}" for n, p in VARIANTS]
+FIELDS = ("span", "index", "coords", "scale", "body", "length")
+
+
+@pytest.fixture(params=["host", "plain"])
+def kernels(request, monkeypatch):
+    """The kernels as built for this host, and as built for a baseline x86-64/any CPU."""
+    if request.param == "plain":
+        flags = [f for f in native.FLAGS if not f.startswith("-march")]
+        monkeypatch.setattr(native, "FLAGS", flags)
+        native._lib.cache_clear()
+    monkeypatch.setenv("TRIMLAB_CODEC_IMPL", "native")
+    yield request.param
+    native._lib.cache_clear()
+
+
+def _both(monkeypatch, fn):
+    monkeypatch.setenv("TRIMLAB_CODEC_IMPL", "torch")
+    ref = fn()
+    monkeypatch.setenv("TRIMLAB_CODEC_IMPL", "native")
+    return ref, fn()
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(7)
+    heavy = torch.randn(3000, generator=g) * torch.exp(3 * torch.randn(3000, generator=g))
+    spiky = torch.zeros(5000)
+    spiky[::997] = 1e3
+    return {"gaussian": (torch.randn(4096 * 3 + 77, generator=g), CodecContext(1, 2, 3, 4096, 1024)),
+            "odd_sizes": (torch.randn(1, generator=g), CodecContext(1, 2, 3, 256, 96)),
+            "tail": (torch.randn(1000, generator=g), CodecContext(9, 1, 0, 512, 160)),
+            "heavy": (heavy, CodecContext(2, 5, 1, 1024, 352)),
+            "spiky": (spiky, CodecContext(2, 5, 1, 2048, 704)),
+            "tiny": (torch.randn(2048, generator=g) * 1e-30, CodecContext(0, 0, 0, 1024, 256)),
+            "huge": (torch.randn(2048, generator=g) * 1e30, CodecContext(0, 0, 0, 1024, 256)),
+            "zeros": (torch.zeros(700), CodecContext(0, 0, 0, 256, 128))}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_native_bytes_and_values_equal_the_reference(kernels, monkeypatch, name, params):
+    codec = get_codec(name, **params)
+    for label, (x, ctx) in _inputs().items():
+        ref, nat = _both(monkeypatch, lambda: codec.encode(x, ctx))
+        for f in FIELDS:
+            assert torch.equal(getattr(ref, f), getattr(nat, f)), (label, f)
+        full = codec.body_bytes(ctx.coords)
+        for cut in sorted({0, 1, 4, 12, 40, 132, full // 2, full - 4, full}):
+            pk = ref.truncated(cut)
+            a, b = _both(monkeypatch, lambda: codec.decode(pk, ctx, x.numel()))
+            assert torch.equal(a.tensor, b.tensor), (label, cut)
+            assert torch.equal(a.missing, b.missing), (label, cut)
+
+
+@pytest.mark.unit
+def test_native_decodes_any_subset_in_any_order(kernels, monkeypatch):
+    codec = get_codec("embedded")
+    x, ctx = _inputs()["gaussian"]
+    pk = codec.encode(x, ctx)
+    order = torch.randperm(len(pk), generator=torch.Generator().manual_seed(1))[:len(pk) - 3]
+    sub = pk.select(order)
+    sub.length = torch.randint(0, codec.body_bytes(ctx.coords) + 1, (len(sub),),
+                               generator=torch.Generator().manual_seed(2))
+    a, b = _both(monkeypatch, lambda: codec.decode(sub, ctx, x.numel()))
+    assert torch.equal(a.tensor, b.tensor) and torch.equal(a.missing, b.missing)
+    assert a.missing.any() and not a.missing.all()
+
+
+@pytest.mark.unit
+def test_non_finite_buckets_stay_non_finite(kernels):
+    for name in ("embedded", "sign_tail"):
+        codec = get_codec(name)
+        ctx = CodecContext(0, 0, 0, 1024, 256)
+        for bad in (float("nan"), float("inf")):
+            x = torch.randn(4096)
+            x[100] = bad
+            dec = codec.decode(codec.encode(x, ctx), ctx, x.numel())
+            assert not torch.isfinite(dec.tensor[:1024]).all(), (name, bad)
+
+
+@pytest.mark.unit
+def test_threads_give_the_same_bytes(kernels, monkeypatch):
+    codec = get_codec("embedded")
+    x, ctx = _inputs()["gaussian"]
+    one = codec.encode(x, ctx)
+    monkeypatch.setattr(native, "_threads", 3)
+    three = codec.encode(x, ctx)
+    assert torch.equal(one.body, three.body) and torch.equal(one.scale, three.scale)
+    assert torch.equal(codec.decode(one, ctx, x.numel()).tensor, codec.decode(three, ctx, x.numel()).tensor)
+
+
+@pytest.mark.unit
+def test_span_keys_and_guess_agree_with_python(kernels):
+    for args in [(0, 0, 0, 0), (1, 2, 3, 4), (2**64 - 1, 7, 2**40, 65535)]:
+        assert native.span_key(*args) == rht.span_key(*args)
+    # the cubic guess is within one step of the exact count everywhere, so one
+    # comparison each way corrects it (kernels.c relies on this)
+    z = torch.cat([torch.linspace(-9, 9, 200001), thresholds()[1:-1],
+                   torch.nextafter(thresholds()[1:-1], torch.tensor(-float("inf")))])
+    exact = quantize16(z)
+    poly = guess_poly().double()
+    u = (z.double().clamp(-8, 8) + 8) * 16
+    m = u.floor().clamp(0, 255).long()
+    t = u - m
+    c = poly[m]
+    g = c[:, 0] + t * (c[:, 1] + t * (c[:, 2] + t * c[:, 3]))
+    assert int((g.floor().clamp(0, (1 << QBITS) - 1).long() - exact).abs().max()) <= 1
+
+
+@pytest.mark.unit
+def test_the_kernels_ship_and_report_their_build():
+    src = resources.c_source("codec", "kernels.c")
+    assert src.is_file()
+    lib = ctypes.CDLL(str(build.build(src, "gcc", native.FLAGS, "codec", ".so")))
+    assert lib.tl_job_size() == ctypes.sizeof(native._Job)
+    assert get_codec("embedded").implementation("cpu") == "native"
+    assert get_codec("fp32").implementation("cpu") == "torch"  # raw codecs are views and copies
