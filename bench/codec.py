@@ -1,15 +1,19 @@
 """`trimlab bench codec`: NMSE of every codec at every kept size, next to theory, on
-Gaussian and heavy-tailed input; and the encode+decode time over tensor.clone() time."""
+Gaussian and heavy-tailed input; the encode+decode time over tensor.clone() time for the
+implementation in use (native kernels on CPU for the rotated codecs), the torch
+reference's time beside it, and whether both put the same bytes on the wire."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
 from trimlab import wire
-from trimlab.codec import CODECS, CodecContext, get_codec
+from trimlab.codec import CODECS, CodecContext, get_codec, native
 from trimlab.codec.embedded import distortion
 
 SPAN = 4096
@@ -71,36 +75,82 @@ def _timed(fn) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
-def roundtrip(numel: int, reps: int, seed: int) -> dict:
+@contextmanager
+def _impl(name: str):
+    before = os.environ.get("TRIMLAB_CODEC_IMPL")
+    os.environ["TRIMLAB_CODEC_IMPL"] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRIMLAB_CODEC_IMPL")
+        else:
+            os.environ["TRIMLAB_CODEC_IMPL"] = before
+
+
+def _medians(codec, x, ctx, reps: int) -> dict:
     """Median encode, decode and clone times; the three are interleaved rep by rep so a
     noisy neighbour slows all of them alike."""
+    numel = x.numel()
+    pk = codec.encode(x, ctx)
+    codec.decode(pk, ctx, numel)  # warm caches (tables, the kernels' build)
+    times = {"clone": [], "encode": [], "decode": []}
+    for _ in range(reps):
+        times["clone"].append(_timed(x.clone))
+        times["encode"].append(_timed(lambda: codec.encode(x, ctx)))
+        times["decode"].append(_timed(lambda: codec.decode(pk, ctx, numel)))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"encode_ms": round(med["encode"], 2), "decode_ms": round(med["decode"], 2),
+            "clone_ms": round(med["clone"], 3),
+            "roundtrip_over_clone": round((med["encode"] + med["decode"]) / med["clone"], 2),
+            "mb_per_s": round(4 * numel / 1e3 / (med["encode"] + med["decode"]), 1)}
+
+
+def _same_wire(codec, x, ctx) -> bool:
+    """Native and reference encodings are identical, and so are their decodings of a trim."""
+    with _impl("torch"):
+        ref = codec.encode(x, ctx)
+        a = codec.decode(ref.truncated(codec.body_bytes(ctx.coords) // 3), ctx, x.numel())
+    with _impl("native"):
+        nat = codec.encode(x, ctx)
+        b = codec.decode(ref.truncated(codec.body_bytes(ctx.coords) // 3), ctx, x.numel())
+    return (all(torch.equal(getattr(ref, f), getattr(nat, f)) for f in ("scale", "body", "length"))
+            and torch.equal(a.tensor, b.tensor))
+
+
+def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
+    """Per codec: the implementation in use, timed (its kernels on `threads` threads), the
+    torch reference timed alike on one thread (fewer repeats: it is slow), and the bytes."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
     out = {}
     for name in CODECS:
         codec = get_codec(name)
         ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN,
                            coords=min(wire.max_coords(codec, 1500), SPAN))
-        pk = codec.encode(x, ctx)
-        codec.decode(pk, ctx, numel)  # warm caches (Hadamard matrices, tables)
-        times = {"clone": [], "encode": [], "decode": []}
-        for _ in range(reps):
-            times["clone"].append(_timed(x.clone))
-            times["encode"].append(_timed(lambda: codec.encode(x, ctx)))
-            times["decode"].append(_timed(lambda: codec.decode(pk, ctx, numel)))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        out[name] = {"encode_ms": round(med["encode"], 2), "decode_ms": round(med["decode"], 2),
-                     "clone_ms": round(med["clone"], 3),
-                     "roundtrip_over_clone": round((med["encode"] + med["decode"]) / med["clone"], 2)}
+        impl = codec.implementation("cpu")
+        native.set_threads(threads)
+        try:
+            out[name] = {"implementation": impl, "threads": threads if impl == "native" else 1,
+                         **_medians(codec, x, ctx, reps)}
+        finally:
+            native.set_threads(1)
+        if impl == "native":
+            with _impl("torch"):
+                ref = _medians(codec, x, ctx, max(1, reps // 5))
+            out[name]["torch_reference"] = ref
+            out[name]["speedup_over_torch"] = round(
+                (ref["encode_ms"] + ref["decode_ms"]) / (out[name]["encode_ms"] + out[name]["decode_ms"]), 1)
+            out[name]["native_bytes_equal_torch"] = _same_wire(codec, x[:1 << 16], ctx)
     return out
 
 
-def run(quick: bool = False, seed: int = 0) -> dict:
+def run(quick: bool = False, seed: int = 0, threads: int = 1) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         numel = 1 << (18 if quick else 20)
         table = nmse_table(numel, seed)
-        rt = roundtrip(1 << 22, 5 if quick else 15, seed)
+        rt = roundtrip(1 << 22, 5 if quick else 15, seed, threads)
     finally:
         torch.set_num_threads(threads)
     emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]
@@ -109,7 +159,8 @@ def run(quick: bool = False, seed: int = 0) -> dict:
         "embedded_1bit_heavy_tailed_le_0.40": all(r[k] <= 0.40 for r in emb if r["bits"] == 1
                                                   for k in ("student_t3", "lognormal_s2")),
         "roundtrip_over_clone_le_3": {k: v["roundtrip_over_clone"] <= 3 for k, v in rt.items()},
+        "native_bytes_equal_torch": all(v.get("native_bytes_equal_torch", True) for v in rt.values()),
     }
     return {"bench": "codec", "quick": quick, "numel_nmse": numel, "numel_roundtrip": 1 << 22,
-            "span": SPAN, "threads": 1, "torch": torch.__version__, "nmse": table,
+            "span": SPAN, "threads": threads, "torch": torch.__version__, "nmse": table,
             "roundtrip": rt, "targets": targets}

@@ -88,11 +88,13 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
 
 @bench_app.command("codec")
 def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
-                quick: bool = typer.Option(False, help="smaller NMSE tensors and fewer repeats (< 30 s)")):
-    """NMSE per codec and kept size vs theory; encode+decode time over clone() time."""
+                quick: bool = typer.Option(False, help="smaller NMSE tensors and fewer repeats (< 30 s)"),
+                threads: int = typer.Option(1, min=1, help="threads of the native kernels")):
+    """NMSE per codec and kept size vs theory; encode+decode time over clone() time, the
+    native kernels next to the torch reference."""
     from trimlab.bench.codec import run  # heavy (torch, pandas): only for this command
 
-    result = run(quick=quick)
+    result = run(quick=quick, threads=threads)
     if as_json:
         print(json.dumps(result, indent=1))
         return
@@ -102,8 +104,9 @@ def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JS
                       f"{r['student_t3']:.4g}", f"{r['lognormal_s2']:.4g}")
     console.print(table)
     for name, r in result["roundtrip"].items():
-        console.print(f"{name}: encode {r['encode_ms']} ms + decode {r['decode_ms']} ms = "
-                      f"{r['roundtrip_over_clone']}× clone ({r['clone_ms']} ms)")
+        console.print(f"{name} ({r['implementation']}): encode {r['encode_ms']} ms + decode {r['decode_ms']} ms = "
+                      f"{r['roundtrip_over_clone']}× clone ({r['clone_ms']} ms), {r['mb_per_s']} MB/s"
+                      + (f", {r['speedup_over_torch']}× the torch reference" if "speedup_over_torch" in r else ""))
     console.print(f"targets: {result['targets']}")
 
 

@@ -99,6 +99,10 @@ def versions() -> dict[str, str]:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
+    from trimlab.codec import native  # heavy (torch): the CLI starts without it
+
+    # what encodes on CPU hosts of this kind: the native kernels or the torch reference
+    out["codec_cpu"] = "native" if native.mode() != "torch" and native.available() else "torch"
     return out
 
 

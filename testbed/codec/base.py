@@ -316,9 +316,9 @@ class Codec:
             got[span, pkt] = present[rows]
             if self.rotated:
                 miss = (got < sizes).any(dim=1, keepdim=True).expand(g.count, g.filled)
-            else:
-                col = torch.arange(g.filled, device=device)
-                miss = col[None, :] % lay.coords >= got[:, col // lay.coords]
+            else:  # coordinate i of packet p is missing past what arrived of p
+                col = torch.arange(lay.coords, device=device)
+                miss = (col[None, None, :] >= got[:, :, None]).reshape(g.count, -1)[:, :g.filled]
             values.append(xs)
             missing.append(miss.reshape(-1))
         stats = {

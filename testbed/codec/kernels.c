@@ -1,5 +1,5 @@
-/* Native CPU kernels of the rotated codecs (embedded, sign_tail): one pass per span while
- * it is in cache — prescale, sign flip, Walsh–Hadamard butterflies, per-packet scale,
+/* Native CPU kernels of the codecs (embedded, sign_tail; fp32 and bf16 as plain copies):
+ * one pass per span while it is in cache — prescale, sign flip, Walsh–Hadamard butterflies, per-packet scale,
  * quantization, plane packing — and the inverse.
  *
  * Bit-exact with the torch reference (trimlab.codec.*), which defines the arithmetic:
@@ -20,6 +20,8 @@
 
 #define EMBEDDED 1
 #define SIGN_TAIL 2
+#define FP32 3
+#define BF16 4
 #define QBITS 16
 #define POLY_LO (-8.0f)
 #define POLY_PER_UNIT 16
@@ -334,6 +336,34 @@ static void sign_tail_decode_packet(const uint8_t *body, int64_t len, float scal
     }
 }
 
+/* -- fp32, bf16: raw values, little-endian; bf16 rounds to nearest even as torch does ----- */
+static void raw_encode_packet(int codec, const float *y, int64_t c, uint8_t *body) {
+    if (codec == FP32) {
+        memcpy(body, y, (size_t)c * 4);
+        return;
+    }
+    const uint32_t *u = (const uint32_t *)y;
+    uint16_t *out = (uint16_t *)body;
+    for (int64_t i = 0; i < c; i++) {
+        uint32_t v = u[i];
+        int nan = (v & 0x7FFFFFFFu) > 0x7F800000u;
+        out[i] = nan ? 0x7FC0 : (uint16_t)((v + 0x7FFFu + ((v >> 16) & 1u)) >> 16);
+    }
+}
+
+static void raw_decode_packet(int codec, const uint8_t *body, int64_t len, int64_t c, float *y) {
+    int64_t width = codec == FP32 ? 4 : 2;
+    int64_t have = len / width < c ? (len > 0 ? len / width : 0) : c;
+    if (codec == FP32) {
+        memcpy(y, body, (size_t)have * 4);
+    } else {
+        const uint16_t *in = (const uint16_t *)body;
+        uint32_t *u = (uint32_t *)y;
+        for (int64_t i = 0; i < have; i++) u[i] = (uint32_t)in[i] << 16;
+    }
+    memset(y + have, 0, (size_t)(c - have) * 4);
+}
+
 /* -- spans ------------------------------------------------------------------------------- */
 static int32_t span_exponent(const float *x, int64_t n) {
     /* the largest |x| as bits: non-finite values (exponent all ones) sort above the rest */
@@ -383,9 +413,13 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q) {
         if (J->codec == EMBEDDED) {
             sigma = embedded_encode_packet(J, buf + p * J->coords, c, body, q);
             used = (int64_t)J->planes * c / 8;
-        } else {
+        } else if (J->codec == SIGN_TAIL) {
             sigma = sign_tail_encode_packet(J, buf + p * J->coords, c, body);
             used = 4 * c;
+        } else {
+            raw_encode_packet(J->codec, buf + p * J->coords, c, body);
+            sigma = 1.0f;
+            used = (J->codec == FP32 ? 4 : 2) * c;
         }
         memset(body + used, 0, (size_t)(J->width - used));
         J->scale[row] = sigma * unit;
@@ -402,8 +436,10 @@ static void decode_span(const job_t *J, int64_t s, float *buf) {
             memset(y, 0, (size_t)c * sizeof(float));
         } else if (J->codec == EMBEDDED) {
             embedded_decode_packet(J, J->body + row * J->width, J->length[row], J->row_scale[row], c, y);
-        } else {
+        } else if (J->codec == SIGN_TAIL) {
             sign_tail_decode_packet(J->body + row * J->width, J->length[row], J->row_scale[row], c, y);
+        } else {
+            raw_decode_packet(J->codec, J->body + row * J->width, J->length[row], c, y);
         }
     }
     if (J->rotated) {

@@ -1,4 +1,4 @@
-"""The native CPU kernels of the rotated codecs (kernels.c), through ctypes.
+"""The native CPU kernels of the codecs (kernels.c), through ctypes.
 
 C rather than torch because the codec's inner loop is one pass per span in cache (sign
 flip, 12 butterfly stages, a per-packet norm, quantization, plane packing), which torch
@@ -40,7 +40,7 @@ class _Job(ctypes.Structure):
     ]
 
 
-EMBEDDED, SIGN_TAIL = 1, 2
+EMBEDDED, SIGN_TAIL, FP32, BF16 = 1, 2, 3, 4
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread"]
 _threads = int(os.environ.get("TRIMLAB_CODEC_THREADS", "1") or 1)
 

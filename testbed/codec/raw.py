@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from trimlab.codec import native
 from trimlab.codec.base import Codec
 
 # NMSE of rounding to bfloat16 (8 significant bits, round to nearest): ulp²/12 relative
@@ -30,8 +31,11 @@ class _Raw(Codec):
         p = body.shape[0]
         c = body.shape[1] // self.width
         values = body.contiguous().view(self.dtype).reshape(p, c).to(torch.float32)
-        present = torch.clamp(length // self.width, max=c)
-        return values, present  # bytes past the cut arrive zeroed: those values are 0
+        present = self.present_coords(torch.full_like(length, c), length)
+        # a value cut inside its bytes is missing too: 0, like those past the cut
+        values = torch.where(torch.arange(c, device=body.device)[None, :] < present[:, None], values,
+                             torch.zeros_like(values))
+        return values, present
 
     def present_coords(self, coords, nbytes):
         return torch.clamp(nbytes // self.width, max=coords)
@@ -47,6 +51,7 @@ class FP32(_Raw):
     dtype = torch.float32
     width = 4
     planes = 32
+    native_kind = native.FP32
 
 
 class BF16(_Raw):
@@ -55,4 +60,5 @@ class BF16(_Raw):
     dtype = torch.bfloat16
     width = 2
     planes = 16
+    native_kind = native.BF16
     rounding_nmse = BF16_ROUNDING_NMSE

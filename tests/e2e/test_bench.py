@@ -24,6 +24,11 @@ def test_bench_codec_quick_prints_its_json():
         assert r["clone_ms"] > 0 and r["encode_ms"] > 0 and r["decode_ms"] > 0
         ratio = (r["encode_ms"] + r["decode_ms"]) / r["clone_ms"]
         assert abs(r["roundtrip_over_clone"] - ratio) <= 0.01 * ratio + 0.01
+    for name in ("embedded", "sign_tail"):  # the native kernels are built by make setup's gcc
+        r = result["roundtrip"][name]
+        assert r["implementation"] == "native" and r["native_bytes_equal_torch"]
+        assert r["torch_reference"]["encode_ms"] > 0 and r["speedup_over_torch"] > 0
+    assert result["targets"]["native_bytes_equal_torch"]
 
 
 def test_bench_pcap_quick_compares_with_dpkt_and_tshark():

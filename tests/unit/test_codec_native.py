@@ -14,7 +14,7 @@ from trimlab.codec.embedded import QBITS, guess_poly, quantize16, thresholds
 
 VARIANTS = [("embedded", {}), ("embedded", {"planes": 8}), ("embedded", {"planes": 1}),
             ("embedded", {"unbiased": True}), ("sign_tail", {}), ("sign_tail", {"unbiased": True}),
-            ("sign_tail", {"rotate": False})]
+            ("sign_tail", {"rotate": False}), ("fp32", {}), ("bf16", {})]
 IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items()) or 'default'}" for n, p in VARIANTS]
 FIELDS = ("span", "index", "coords", "scale", "body", "length")
 
@@ -85,7 +85,7 @@ def test_native_decodes_any_subset_in_any_order(kernels, monkeypatch):
 
 @pytest.mark.unit
 def test_non_finite_buckets_stay_non_finite(kernels):
-    for name in ("embedded", "sign_tail"):
+    for name in ("embedded", "sign_tail", "fp32", "bf16"):
         codec = get_codec(name)
         ctx = CodecContext(0, 0, 0, 1024, 256)
         for bad in (float("nan"), float("inf")):
@@ -131,4 +131,5 @@ def test_the_kernels_ship_and_report_their_build():
     lib = ctypes.CDLL(str(build.build(src, "gcc", native.FLAGS, "codec", ".so")))
     assert lib.tl_job_size() == ctypes.sizeof(native._Job)
     assert get_codec("embedded").implementation("cpu") == "native"
-    assert get_codec("fp32").implementation("cpu") == "torch"  # raw codecs are views and copies
+    assert get_codec("bf16").implementation("cpu") == "native"
+    assert get_codec("embedded").implementation("meta") == "torch"  # other devices: the reference
