@@ -22,7 +22,7 @@ from trimlab.agents.collect import Collector
 from trimlab.agents.failure import MissedSteps, ProtocolError
 from trimlab.agents.node import Node
 from trimlab.agents.transport import Sender
-from trimlab.config import AgentConfig
+from trimlab.config import PHASES, AgentConfig
 
 
 def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
@@ -49,10 +49,15 @@ class ShardedAllReduce:
 
     @staticmethod
     def _zero() -> dict:
-        return {"packets": 0, "bytes": 0, "encode_ms": 0.0, "wait_ms": 0.0}
+        return {"packets": 0, "bytes": 0, **{p: 0.0 for p in PHASES}}
+
+    def _phase(self, name: str, t0: float) -> float:
+        now = time.monotonic()
+        self.stats[name] += (now - t0) * 1e3
+        return now
 
     def take_stats(self) -> dict:
-        """Packets, bytes, encode and wait time since the last call."""
+        """Packets, bytes and the time of each phase (config.PHASES) since the last call."""
         out, self.stats = self.stats, self._zero()
         return out
 
@@ -87,21 +92,23 @@ class ShardedAllReduce:
             s_lo, s_hi = bounds[owner]
             if s_hi == s_lo:  # a bucket smaller than the world leaves some ranks no shard
                 continue
-            e0 = time.monotonic()
+            t = time.monotonic()
             payloads = wire.packetize(flat[s_lo:s_hi], self.node.codec, self.cfg.mtu, c.coords, c.span,
                                       wire.PacketIds(self.cfg.job, step, self.rank, self.wire_bucket(index, owner)),
                                       self.cfg.seed, self.cfg.transport.ipv6)
-            self.stats["encode_ms"] += (time.monotonic() - e0) * 1e3
+            t = self._phase("encode_ms", t)
             tx.send_all(payloads)
+            self._phase("send_ms", t)
             self.stats["packets"] += len(payloads)
             self.stats["bytes"] += sum(map(len, payloads))
         if coll is None:
             return flat[lo:hi], []
-        w0 = time.monotonic()
+        t = time.monotonic()
         self.node.collect(coll, self._timeout(step, "step_s"))
+        t = self._phase("wait_ms", t)
         red = coll.reduce(local=flat[lo:hi])
+        self._phase("decode_ms", t)
         self.missed.check(coll, red)
-        self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3
         return red.mean, coll.rows
 
     def all_gather(self, shard: torch.Tensor, step: int, numel: int, index: int = 0) -> torch.Tensor:
@@ -119,7 +126,7 @@ class ShardedAllReduce:
             if s_hi > s_lo:
                 out[s_lo:s_hi] = self.node.wait_params(addr, step, self.wire_bucket(index, owner), s_hi - s_lo,
                                                        self._timeout(step, "params_s"))
-        self.stats["wait_ms"] += (time.monotonic() - w0) * 1e3
+        self._phase("gather_ms", w0)
         return out
 
     def close(self) -> None:

@@ -11,6 +11,12 @@ that arrived (its own is exact), and the averaged shards are all-gathered reliab
 control class (trimlab.agents.collective's sharded all-reduce), so every rank applies identical
 gradients. CUDA buckets are copied to host memory and back.
 
+Communication overlaps backward: the hook hands its bucket to the rank's communication
+thread and returns a future at once; the thread runs the buckets' all-reduces in DDP's
+order (the same on every rank) and completes each future, while autograd computes the
+next buckets' gradients (the codec kernels and the sockets release the GIL). Each step's
+metrics row holds the time of every phase (trimlab.config.PHASES).
+
 Environment: TRIMLAB_CONFIG (the agents' configuration that `trimlab run` writes: codec,
 transport, job, seed, every rank's data address), RANK (torchrun's), and optionally
 TRIMLAB_OUT, a directory for packets.csv, metrics.csv, layout.json, truth/ and final.json,
@@ -22,6 +28,8 @@ import atexit
 import hashlib
 import json
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +40,7 @@ import torch.distributed as dist
 from trimlab import rundir
 from trimlab.agents import logs
 from trimlab.agents.collective import ShardedAllReduce, shard_bounds
-from trimlab.config import METRIC_FIELDS, AgentConfig
+from trimlab.config import METRIC_FIELDS, PHASES, AgentConfig
 from trimlab.errors import TrimlabError
 
 
@@ -62,6 +70,10 @@ class TrimlabState:
             (out / rundir.TRUTH).mkdir(parents=True, exist_ok=True)
             self.plog = logs.PacketLog(out / rundir.PACKET_LOG)
             self.mlog = logs.MetricsLog(out / rundir.METRICS, METRIC_FIELDS)
+        self._jobs: queue.Queue = queue.Queue()
+        self._failed: BaseException | None = None
+        self._comm = threading.Thread(target=self._serve, name=f"trimlab-comm-{rank}", daemon=True)
+        self._comm.start()
 
     @classmethod
     def from_env(cls) -> "TrimlabState":
@@ -84,21 +96,44 @@ class TrimlabState:
         self.buckets: dict[int, list[int]] = {}
         self.owners: dict[int, int] = {}
 
-    def allreduce(self, grad: torch.Tensor, index: int) -> torch.Tensor:
-        """The mean of `grad` (this rank's bucket `index`) over all ranks."""
-        numel = grad.numel()
+    def submit(self, grad: torch.Tensor, index: int, last: bool) -> torch.futures.Future:
+        """Queue bucket `index` for the communication thread; the future completes with the
+        bucket's mean over all ranks (in `grad`'s device and dtype)."""
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         if grad.is_cuda:  # one copy into page-locked host memory, where the sockets read
-            flat = torch.empty(numel, dtype=torch.float32, pin_memory=True)
-            flat.copy_(grad.detach().reshape(-1))
+            flat = torch.empty(grad.numel(), dtype=torch.float32, pin_memory=True)
+            flat.copy_(grad.detach().reshape(-1))  # on the caller's stream, after the gradients
         else:
             flat = grad.detach().reshape(-1).to(torch.float32)
+        self._jobs.put((flat, grad, index, last, fut))
+        return fut
+
+    def _serve(self) -> None:
+        """The communication thread: buckets in submission order until close()."""
+        while (job := self._jobs.get()) is not None:
+            flat, grad, index, last, fut = job
+            if self._failed is not None:  # a failed all-reduce leaves the protocol out of step
+                fut.set_exception(self._failed)
+                continue
+            try:
+                out = self.allreduce(flat, index)
+                if last:
+                    self.end_step()
+                fut.set_result(out.to(grad.device, grad.dtype).view_as(grad))
+            except BaseException as exc:  # noqa: BLE001 — handed to DDP through the future
+                self._failed = exc
+                fut.set_exception(exc)
+
+    def allreduce(self, flat: torch.Tensor, index: int) -> torch.Tensor:
+        """The mean of `flat` (this rank's bucket `index`, float32 on the CPU) over all ranks."""
+        numel = flat.numel()
         mean, rows = self.ar.reduce_scatter(flat, self.step, index)
         if self.out is not None:
             self.plog.write(rows)
         out = self.ar.all_gather(mean, self.step, numel, index)
         self.digest.update(out.numpy().tobytes())
         self._record_bucket(flat, index)
-        return out.to(grad.device, grad.dtype).view_as(grad)
+        return out
 
     def _record_bucket(self, flat: torch.Tensor, index: int) -> None:
         """Where this bucket's shards sit in the step's gradient (for layout.json and truth)."""
@@ -125,7 +160,7 @@ class TrimlabState:
                         torch.cat(self.parts).numpy())
             self.mlog.write(step=self.step, t=round(time.monotonic() - self.t0, 4), loss="",
                             grad_norm=round(self.sq ** 0.5, 6), packets=s["packets"], bytes=s["bytes"],
-                            encode_ms=round(s["encode_ms"], 2), wait_ms=round(s["wait_ms"], 2))
+                            **{p: round(s[p], 2) for p in PHASES})
             self.layouts.append({"buckets": self.buckets, "owners": self.owners, "numel": self.offset})
         self.step += 1
         self._step_stats()
@@ -136,6 +171,8 @@ class TrimlabState:
         if self.closed:
             return
         self.closed = True
+        self._jobs.put(None)  # the buckets already queued are reduced first
+        self._comm.join()
         self.ar.close()
         if self.out is None:
             return
@@ -156,9 +193,5 @@ class TrimlabState:
 
 def trimlab_hook(state: TrimlabState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over every rank through the
-    trimmable transport (the step's work is done here; the future is already complete)."""
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(state.allreduce(bucket.buffer(), bucket.index()))
-    if bucket.is_last():
-        state.end_step()
-    return fut
+    trimmable transport, on the rank's communication thread while backward goes on."""
+    return state.submit(bucket.buffer(), bucket.index(), bucket.is_last())

@@ -30,7 +30,7 @@ from trimlab.agents.collective import ShardedAllReduce, shard_bounds
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.node import Node
 from trimlab.agents.transport import Sender
-from trimlab.config import METRIC_FIELDS, AgentConfig
+from trimlab.config import METRIC_FIELDS, PHASES, AgentConfig
 from trimlab.errors import SpecError
 
 
@@ -60,10 +60,11 @@ class Worker:
             np.save(self.out / rundir.TRUTH / rundir.truth_file(step, self.rank), g.numpy())
         return loss.item(), g
 
-    def record(self, step: int, loss: float, grad, packets: int, nbytes: int, enc_ms: float, wait_ms: float) -> None:
+    def record(self, step: int, loss: float, grad, stats: dict) -> None:
+        """One metrics row; `stats` holds packets, bytes and the phases' milliseconds."""
         self.mlog.write(step=step, t=round(time.monotonic() - self.t0, 4), loss=round(loss, 6),
-                        grad_norm=round(float(grad.norm()), 6), packets=packets, bytes=nbytes,
-                        encode_ms=round(enc_ms, 2), wait_ms=round(wait_ms, 2))
+                        grad_norm=round(float(grad.norm()), 6), packets=stats["packets"], bytes=stats["bytes"],
+                        **{p: round(stats.get(p, 0.0), 2) for p in PHASES})
         logs.log_event(event="step", role="worker", rank=self.rank, step=step, loss=round(loss, 5))
 
     # topology ps
@@ -80,9 +81,11 @@ class Worker:
             e0 = time.monotonic()
             payloads = wire.packetize(g, self.node.codec, cfg.mtu, cfg.codec.coords, cfg.codec.span,
                                       wire.PacketIds(cfg.job, step, self.rank, 0), cfg.seed, t.ipv6)
-            enc = time.monotonic() - e0
+            s0 = time.monotonic()
             tx.send_all(payloads)
-            self.record(step, loss, g, len(payloads), sum(map(len, payloads)), enc * 1e3, wait * 1e3)
+            self.record(step, loss, g, {"packets": len(payloads), "bytes": sum(map(len, payloads)),
+                                        "encode_ms": (s0 - e0) * 1e3, "send_ms": (time.monotonic() - s0) * 1e3,
+                                        "gather_ms": wait * 1e3})
         self.params = self.node.wait_params(ps, cfg.steps, 0, self.numel, to.params_s)
         self.node.drain(2.0)  # re-acknowledge until the ps says BYE
 
@@ -105,8 +108,7 @@ class Worker:
                 mean, rows = ar.reduce_scatter(g, step, 0, coll)
                 plog.write(rows)
                 opt.step(self.params[lo:hi], mean)
-                s = ar.take_stats()
-                self.record(step, loss, g, s["packets"], s["bytes"], s["encode_ms"], s["wait_ms"])
+                self.record(step, loss, g, ar.take_stats())
             ar.close()
         finally:
             plog.close()

@@ -3,7 +3,7 @@
 Run report: congestion (queue occupancy and trims over time, background flows marked),
 error_by_bits (true per-packet NMSE against the bits per coordinate that arrived, with the
 codec's theoretical curve), error_by_step, training (loss and accuracy against step and
-wall time). Comparison: training_overlay, accuracy_vs_trim_rate.
+wall time), phases (where each step's communication time goes). Comparison: training_overlay, accuracy_vs_trim_rate.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from trimlab.config import PHASES
 
 TEMPLATE = "plotly_white"
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -140,6 +142,22 @@ def training(metrics: pd.DataFrame, steps: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="loss", secondary_y=False)
     fig.update_yaxes(title_text="test accuracy", range=[0, 1], secondary_y=True)
     fig.update_layout(title=title, template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def phases(metrics: pd.DataFrame) -> go.Figure:
+    """Per step, the all-reduce's phases (encode, send, wait, decode, all-gather), in ms,
+    averaged over the workers, stacked."""
+    title = "Communication phases per step"
+    have = [p for p in PHASES if metrics is not None and p in metrics and metrics[p].notna().any()]
+    if not have:
+        return _empty(title, "the workers' metrics have no phase times")
+    m = metrics.groupby("step")[have].mean().reset_index()
+    fig = go.Figure([go.Bar(x=m["step"], y=m[p], name=p.removesuffix("_ms"), marker={"color": PALETTE[i]})
+                     for i, p in enumerate(have)])
+    fig.update_layout(title=title, template=TEMPLATE, height=360, barmode="stack",
+                      xaxis={"title": "step"}, yaxis={"title": "ms (mean over workers)"},
+                      legend={"orientation": "h", "y": -0.2})
     return fig
 
 

@@ -131,6 +131,7 @@ def render_run(run: RunData) -> str:
         sections.append(("Trims → error", _figure(figures.error_by_bits(rows, theory), "fig-error-bits")
                          + _figure(figures.error_by_step(rows), "fig-error-step")))
     sections.append(("Training", _figure(figures.training(run.metrics, run.steps), "fig-training")))
+    sections.append(("Communication", _figure(figures.phases(run.metrics), "fig-phases")))
     ok = sum(c["status"] == match.AGREE for c in chk)
     sections.append((f"Observer agreement ({ok} of {len(chk)} agree)", _table(chk, "checks", "status")))
     return _page(f"trimlab run {s['run']}", sections)

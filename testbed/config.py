@@ -19,7 +19,10 @@ RENDEZVOUS_PORT = 29500  # torch.distributed's rendezvous at rank 0, on the mana
 # columns of the agents' CSV files
 PACKET_LOG_FIELDS = ("t_ns", "src", "dscp", "step", "rank", "bucket", "span", "packet", "coords",
                      "sent_len", "recv_len", "trimmed", "planes", "status")
-METRIC_FIELDS = ("step", "t", "loss", "grad_norm", "packets", "bytes", "encode_ms", "wait_ms")
+# per step: the all-reduce's phases, summed over its buckets (encode and send the shards,
+# wait for peers' packets, decode and average, all-gather the averaged shards)
+PHASES = ("encode_ms", "send_ms", "wait_ms", "decode_ms", "gather_ms")
+METRIC_FIELDS = ("step", "t", "loss", "grad_norm", "packets", "bytes", *PHASES)
 STEP_FIELDS = ("step", "t", "wait_ms", "reduce_ms", "received", "expected", "trimmed", "missing",
                "min_contributors", "retransmits", "test_loss", "test_acc")
 

@@ -30,12 +30,12 @@ def browse(url: str, tmp) -> tuple[str, list[str]]:
 
 
 def drawn(dom: str) -> dict[str, bool]:
-    """Per figure div: plotly built its SVG and drew points or a line with data."""
+    """Per figure div: plotly built its SVG and drew points, a line or bars with data."""
     starts = sorted((m.start(), m.group(1)) for m in re.finditer(r'<div id="(fig-[a-z-]+)"', dom))
     out = {}
     for (pos, name), (end, _) in zip(starts, starts[1:] + [(len(dom), None)]):
         seg = dom[pos:end]
-        out[name] = 'class="main-svg"' in seg and bool(re.search(r'<path class="(?:point|js-line)"[^>]*\sd="M', seg))
+        out[name] = 'class="main-svg"' in seg and bool(re.search(r'<path class="(?:point|js-line)"[^>]*\sd="M|<g class="point"><path[^>]*\sd="M', seg))
     return out
 
 
@@ -53,7 +53,7 @@ def test_run_report_renders_offline(tmp_path):
     dom, console = browse(page.as_uri(), tmp_path)
     assert console == []
     assert drawn(dom) == {"fig-congestion": True, "fig-error-bits": True, "fig-error-step": True,
-                          "fig-training": True}
+                          "fig-training": True, "fig-phases": True}
     assert re.search(r'<tr class="agree">', dom) and not re.search(r'<tr class="disagree">', dom)
 
 

@@ -20,7 +20,7 @@ from scapy.utils import PcapWriter
 
 from trimlab import rundir, wire
 from trimlab.codec import CodecContext, get_codec
-from trimlab.config import GRADIENT_PORT, METRIC_FIELDS, PACKET_LOG_FIELDS
+from trimlab.config import GRADIENT_PORT, METRIC_FIELDS, PACKET_LOG_FIELDS, PHASES
 
 T0 = 1_790_000_000.0
 PS = {"name": "s-ps1", "addr": "198.19.0.14", "port": "Ethernet8"}
@@ -124,7 +124,8 @@ class Synth:
                             log_rows.append([int(r.time * 1e9), w["addr"], dscp, step, rank, 0, s, i,
                                              _coords(pk, s, i), len(p), len(got), int(len(got) < len(p)),
                                              planes, "accepted"])
-                    mw.writerow([step, 0.1 * step, 2.0 / (step + 1), 1.0, len(payloads), sum(map(len, payloads)), 1, 1])
+                    mw.writerow([step, 0.1 * step, 2.0 / (step + 1), 1.0, len(payloads), sum(map(len, payloads)),
+                                 *range(1, 1 + len(PHASES))])
             tx.close()
             (path / "pcaps" / f"{w['name']}.capture.json").write_text(json.dumps(
                 {"eth1": {"captured": 1, "received_by_filter": 1, "dropped_by_kernel": 0, "rc": 0}}))

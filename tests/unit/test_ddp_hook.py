@@ -16,7 +16,7 @@ import torch
 
 from trimlab import resources
 from trimlab.agents.ddp_hook import HookError, TrimlabState
-from trimlab.config import AgentConfig
+from trimlab.config import PHASES, AgentConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = resources.example_ddp_script()
@@ -75,7 +75,10 @@ def test_hook_trains_identically_on_every_rank_and_matches_allreduce(tmp_path):
     assert layout["topology"] == "ddp" and set(layout["owners"].values()) == {1, 2}
     log = pd.read_csv(tmp_path / "w1" / "packets.csv")
     assert set(log["rank"]) == {1, 2} and (log["status"] == "accepted").all() and log["step"].nunique() == 12
-    assert len(pd.read_csv(tmp_path / "w2" / "metrics.csv")) == 12
+    metrics = pd.read_csv(tmp_path / "w2" / "metrics.csv")
+    assert len(metrics) == 12
+    for phase in PHASES:  # every phase timed, every step
+        assert (metrics[phase] >= 0).all() and metrics[phase].sum() > 0, phase
     assert sorted(p.name for p in (tmp_path / "w3" / "truth").iterdir())[0] == "step000000-rank2.npy"
 
 
@@ -107,9 +110,10 @@ def test_buckets_of_any_size_average_exactly_enough(tmp_path, device):
 
     def rank(r):
         try:
-            for i in range(len(sizes)):
-                out[(r, i)] = states[r].allreduce(grads[(r, i)], i)
-            states[r].end_step()
+            # queued at once, as DDP's hook does; the communication thread completes them in order
+            futs = [states[r].submit(grads[(r, i)], i, i == len(sizes) - 1) for i in range(len(sizes))]
+            for i, fut in enumerate(futs):
+                out[(r, i)] = fut.wait()
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 

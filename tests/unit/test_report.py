@@ -12,7 +12,7 @@ from tests.unit.synthrun import Synth
 from trimlab.analysis import figures, report
 from trimlab.analysis.rundata import RunData, RunDataError
 
-FIGURES = ["fig-congestion", "fig-error-bits", "fig-error-step", "fig-training"]
+FIGURES = ["fig-congestion", "fig-error-bits", "fig-error-step", "fig-training", "fig-phases"]
 
 
 def external_refs(page: str) -> list[str]:
