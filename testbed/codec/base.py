@@ -386,6 +386,19 @@ def lane_sum(v: torch.Tensor) -> torch.Tensor:
     return acc[:, 0]
 
 
+def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
+    """√q correctly rounded in float32, as IEEE sqrtf (kernels.c) gives it, on any device:
+    torch's CPU sqrt can be one ulp off. From torch's estimate, step to the neighbour when
+    q lies beyond the midpoint's square (exact in float64: 25-bit midpoints)."""
+    r = torch.sqrt(q)
+    lo = torch.nextafter(r, torch.zeros_like(r))
+    hi = torch.nextafter(r, torch.full_like(r, math.inf))
+    q64, r64 = q.double(), r.double()
+    down = (lo.double() + r64) / 2
+    up = (r64 + hi.double()) / 2
+    return torch.where(q64 < down * down, lo, torch.where(q64 > up * up, hi, r))
+
+
 def span_exponents(peak: torch.Tensor) -> torch.Tensor:
     """e with peak = m·2^e, m in [0.5, 1), clamped so that 2^±e is a normal float32; 0 for
     a zero or non-finite peak (NaN and Inf then stay non-finite through the codec)."""

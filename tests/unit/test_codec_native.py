@@ -10,6 +10,7 @@ import torch
 from trimlab import native as build
 from trimlab import resources
 from trimlab.codec import CodecContext, get_codec, native, rht
+from trimlab.codec.base import sqrt_rn
 from trimlab.codec.embedded import QBITS, guess_poly, quantize16, thresholds
 
 VARIANTS = [("embedded", {}), ("embedded", {"planes": 8}), ("embedded", {"planes": 1}),
@@ -50,7 +51,9 @@ def _inputs():
             "spiky": (spiky, CodecContext(2, 5, 1, 2048, 704)),
             "tiny": (torch.randn(2048, generator=g) * 1e-30, CodecContext(0, 0, 0, 1024, 256)),
             "huge": (torch.randn(2048, generator=g) * 1e30, CodecContext(0, 0, 0, 1024, 256)),
-            "zeros": (torch.zeros(700), CodecContext(0, 0, 0, 256, 128))}
+            "zeros": (torch.zeros(700), CodecContext(0, 0, 0, 256, 128)),
+            # many packets of a size whose scale needs a correctly rounded square root
+            "many": (torch.randn(1 << 18, generator=g), CodecContext(4, 5, 1, 4096, 480))}
 
 
 @pytest.mark.unit
@@ -67,6 +70,15 @@ def test_native_bytes_and_values_equal_the_reference(kernels, monkeypatch, name,
             a, b = _both(monkeypatch, lambda: codec.decode(pk, ctx, x.numel()))
             assert torch.equal(a.tensor, b.tensor), (label, cut)
             assert torch.equal(a.missing, b.missing), (label, cut)
+
+
+@pytest.mark.unit
+def test_sqrt_is_correctly_rounded():
+    import numpy as np
+
+    q = torch.cat([torch.rand(1 << 20, generator=torch.Generator().manual_seed(3)) * 4,
+                   torch.tensor([0.0, 1.0, 2.0, 1e-30, 3e38, 2.115628682076931e-3])])
+    assert torch.equal(sqrt_rn(q), torch.from_numpy(np.sqrt(q.numpy())))
 
 
 @pytest.mark.unit
