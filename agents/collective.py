@@ -22,6 +22,7 @@ from trimlab.agents.collect import Collector
 from trimlab.agents.failure import MissedSteps, ProtocolError
 from trimlab.agents.node import Node
 from trimlab.agents.transport import Sender
+from trimlab.codec import CodecContext
 from trimlab.config import PHASES, AgentConfig
 
 
@@ -111,23 +112,49 @@ class ShardedAllReduce:
         self.missed.check(coll, red)
         return red.mean, coll.rows
 
-    def all_gather(self, shard: torch.Tensor, step: int, numel: int, index: int = 0) -> torch.Tensor:
-        """Every owner's shard of a `numel`-long tensor; this rank contributes `shard`."""
+    def all_gather(self, shard: torch.Tensor, step: int, numel: int, index: int = 0,
+                   compress: bool = False) -> torch.Tensor:
+        """Every owner's shard of a `numel`-long tensor; this rank contributes `shard`.
+        With `compress`, a shard travels as the codec's untrimmed packets where that is
+        smaller than float32 (`gathered_compressed`); every rank, the owner included, then
+        holds the shard as decoded from those bytes, so all end with identical values."""
         w0 = time.monotonic()
         bounds = shard_bounds(numel, self.world)
         lo, hi = bounds[self.rank]
-        if hi > lo and self.others:
-            self.node.broadcast(step, self.wire_bucket(index, self.rank), shard, list(self.others.values()),
-                                give_up_s=self._timeout(step, "give_up_s"))
         out = torch.empty(numel, dtype=torch.float32)
+        own = self.wire_bucket(index, self.rank)
+        data: torch.Tensor | bytes = shard
+        if compress and hi > lo and self.gathered_compressed(hi - lo):
+            ctx = self._gather_ctx(step, own)
+            packets = self.node.codec.encode(shard, ctx)
+            data = self.node.codec.pack(packets)
+            shard = self.node.codec.decode(packets, ctx, hi - lo).tensor  # what the others will hold
+        if hi > lo and self.others:
+            self.node.broadcast(step, own, data, list(self.others.values()),
+                                give_up_s=self._timeout(step, "give_up_s"))
         out[lo:hi] = shard
         for owner, addr in self.others.items():
             s_lo, s_hi = bounds[owner]
-            if s_hi > s_lo:
-                out[s_lo:s_hi] = self.node.wait_params(addr, step, self.wire_bucket(index, owner), s_hi - s_lo,
-                                                       self._timeout(step, "params_s"))
+            if s_hi == s_lo:
+                continue
+            b, timeout = self.wire_bucket(index, owner), self._timeout(step, "params_s")
+            if compress and self.gathered_compressed(s_hi - s_lo):
+                ctx = self._gather_ctx(step, b)
+                packets = self.node.codec.unpack(self.node.wait_bytes(addr, step, b, timeout), ctx, s_hi - s_lo)
+                out[s_lo:s_hi] = self.node.codec.decode(packets, ctx, s_hi - s_lo).tensor
+            else:
+                out[s_lo:s_hi] = self.node.wait_params(addr, step, b, s_hi - s_lo, timeout)
         self._phase("gather_ms", w0)
         return out
+
+    def _gather_ctx(self, step: int, bucket: int) -> CodecContext:
+        c = self.cfg.codec
+        return CodecContext(seed=self.cfg.seed, step=step, bucket=bucket, span=c.span, coords=c.coords)
+
+    def gathered_compressed(self, numel: int) -> bool:
+        """Whether a shard of `numel` values is all-gathered as codec packets: only where
+        they are smaller than the float32 values (embedded: about half; sign_tail: larger)."""
+        return self.node.codec.packed_size(numel, self._gather_ctx(0, 0)) < 4 * numel
 
     def close(self) -> None:
         """Deliver what is still unacknowledged and answer peers' retransmissions a moment."""

@@ -130,7 +130,7 @@ class TrimlabState:
         mean, rows = self.ar.reduce_scatter(flat, self.step, index)
         if self.out is not None:
             self.plog.write(rows)
-        out = self.ar.all_gather(mean, self.step, numel, index)
+        out = self.ar.all_gather(mean, self.step, numel, index, compress=self.cfg.compress_gather)
         self.digest.update(out.numpy().tobytes())
         self._record_bucket(flat, index)
         return out

@@ -156,8 +156,11 @@ class Node:
             self.ctrl.sendto(head + np.packbits(bits, bitorder="little").tobytes(), (src, self.ctrl_port))
 
     # sending
-    def broadcast(self, step: int, shard: int, values: torch.Tensor, dests: list[str], **kw) -> Broadcast:
-        b = Broadcast(self, step, shard, values.to(torch.float32).contiguous().numpy().tobytes(), dests, **kw)
+    def broadcast(self, step: int, shard: int, values: torch.Tensor | bytes, dests: list[str],
+                  **kw) -> Broadcast:
+        """Send `values` (float32 values, or bytes as they are) reliably to `dests`."""
+        data = values if isinstance(values, bytes) else values.to(torch.float32).contiguous().numpy().tobytes()
+        b = Broadcast(self, step, shard, data, dests, **kw)
         self.broadcasts.append(b)
         return b
 
@@ -169,7 +172,15 @@ class Node:
 
     # waiting
     def wait_params(self, src: str, step: int, shard: int, numel: int, timeout_s: float) -> torch.Tensor:
-        """The parameter shard `shard` of `step` from `src`, once every chunk arrived."""
+        """The parameter shard `shard` of `step` from `src` (float32), once every chunk arrived."""
+        data = self.wait_bytes(src, step, shard, timeout_s)
+        if len(data) != 4 * numel:
+            raise ProtocolError(f"parameters of step {step} from {self.name_of(src)}: "
+                                f"{len(data) // 4} values, expected {numel}")
+        return torch.frombuffer(bytearray(data), dtype=torch.float32)
+
+    def wait_bytes(self, src: str, step: int, shard: int, timeout_s: float) -> bytes:
+        """The bytes of broadcast (step, shard) from `src`, once every chunk arrived."""
         key = (src, step, shard)
         t0 = time.monotonic()
         while True:
@@ -178,11 +189,7 @@ class Node:
                 data = asm.data()
                 del self.assemblies[key]
                 self.completed[key] = asm.nchunks  # duplicates are still acknowledged
-                values = torch.frombuffer(bytearray(data), dtype=torch.float32)
-                if values.numel() != numel:
-                    raise ProtocolError(f"parameters of step {step} from {self.name_of(src)}: "
-                                        f"{values.numel()} values, expected {numel}")
-                return values
+                return data
             if time.monotonic() - t0 > timeout_s:
                 raise ProtocolError(f"no parameters of step {step} (shard {shard}) from "
                                     f"{self.name_of(src)} within {timeout_s:g} s")

@@ -1,7 +1,11 @@
 """The reliable channel (port + 1, the non-trimmable control DSCP): a `Broadcast` cuts a
 tensor (parameters, or an averaged gradient shard) into chunks and retransmits what a
-receiver has not acknowledged (selective-ACK bitmaps) every RTO, so every receiver ends
-with the same bytes. A receiver acknowledges every chunk it sees, again if it is a
+receiver has not acknowledged (selective-ACK bitmaps), so every receiver ends with the
+same bytes. A retransmission waits until everything sent before has left the host (the
+socket's unsent bytes are zero) and one RTO more: a shard larger than what the port
+drains in an RTO would otherwise be sent again and again before its first copy left,
+filling the socket buffer so that nothing — ACKs included — got out (a collapse seen
+with 1 M-parameter models at 100 Mbit/s). A receiver acknowledges every chunk it sees, again if it is a
 duplicate, so a lost ACK only costs a retransmission. The node does the receiving.
 """
 
@@ -46,21 +50,20 @@ class Broadcast:
         now = time.monotonic()
         self.pending = {d: set(range(len(self.chunks))) for d in dests}
         self.progress = dict.fromkeys(dests, now)
-        self.sent_at = dict.fromkeys(dests, 0.0)
+        self.drained_at: float | None = None  # when the socket was first seen empty since a send
         self.retransmits = 0
         # first transmission chunk-major: every destination completes at about the same time
         for i, chunk in enumerate(self.chunks):
             head = CTRL.pack(PARAMS, CTRL_VERSION, node.job, step, shard, i, len(self.chunks))
             for d in dests:
                 node.ctrl.sendto(head + chunk, (d, node.ctrl_port))
-        self.sent_at = dict.fromkeys(dests, time.monotonic())
 
     def _send(self, dest: str) -> None:
         n = len(self.chunks)
         for i in sorted(self.pending[dest]):
             head = CTRL.pack(PARAMS, CTRL_VERSION, self.node.job, self.step, self.shard, i, n)
-            self.node.ctrl.sendto(head + self.chunks[i], (dest, self.node.ctrl_port))
-        self.sent_at[dest] = time.monotonic()
+            if not self.node.ctrl.sendto(head + self.chunks[i], (dest, self.node.ctrl_port)):
+                break  # the socket is full: the rest goes in a later round
 
     def on_ack(self, dest: str, first: int, bitmap: np.ndarray) -> None:
         pending = self.pending.get(dest)
@@ -72,16 +75,24 @@ class Broadcast:
             self.progress[dest] = time.monotonic()
 
     def poll(self, now: float) -> None:
-        for dest, pending in self.pending.items():
-            if not pending:
-                continue
+        waiting = [d for d, pending in self.pending.items() if pending]
+        for dest in waiting:
             if now - self.progress[dest] > self.give_up_s:
                 raise ProtocolError(f"{self.node.name_of(dest)} stopped acknowledging the "
                                     f"parameters of step {self.step} (shard {self.shard}) for "
                                     f"{self.give_up_s:g} s")
-            if now - self.sent_at[dest] >= self.rto_s:
-                self.retransmits += len(pending)
+        if not waiting:
+            return
+        if self.node.ctrl.unsent_bytes():  # earlier sends are still leaving the host
+            self.drained_at = None
+            return
+        if self.drained_at is None:
+            self.drained_at = now
+        if now - self.drained_at >= self.rto_s:
+            for dest in waiting:
+                self.retransmits += len(self.pending[dest])
                 self._send(dest)
+            self.drained_at = None
 
     @property
     def done(self) -> bool:

@@ -13,8 +13,10 @@ import argparse
 import errno
 import json
 import select
+import fcntl
 import socket
 import struct
+import termios
 import sys
 import time
 from dataclasses import dataclass
@@ -154,6 +156,9 @@ class Receiver:
         else:
             self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
         self.rcvbuf = _set_buffers(self.sock, socket.SO_RCVBUF, rcvbuf)
+        # replies (a reliable broadcast's chunks, ACKs) queue here rather than fail while
+        # the host's port drains them
+        self.sndbuf = _set_buffers(self.sock, socket.SO_SNDBUF, BUFFER_BYTES)
         self.sock.bind((bind, port))
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
@@ -179,11 +184,17 @@ class Receiver:
             out.append(Datagram(data, src, self._tos(anc), time.time_ns()))
         return out
 
-    def sendto(self, payload: bytes, addr: tuple) -> None:
+    def sendto(self, payload: bytes, addr: tuple) -> bool:
+        """Send; False when the socket buffer is full (as good as a loss on the wire)."""
         try:
             self.sock.sendto(payload, addr)
-        except BlockingIOError:  # the socket buffer is full: as good as a loss on the wire
-            pass
+            return True
+        except BlockingIOError:
+            return False
+
+    def unsent_bytes(self) -> int:
+        """Bytes this socket handed the kernel that have not left the host yet (SIOCOUTQ)."""
+        return struct.unpack("i", fcntl.ioctl(self.sock, termios.TIOCOUTQ, b"\0" * 4))[0]
 
     def close(self) -> None:
         self.sock.close()

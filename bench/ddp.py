@@ -1,13 +1,16 @@
-"""`trimlab bench ddp`: median step time of the same DDP script and model on the same
-virtual rack with trimlab's comm hook and with DDP's own gloo all-reduce, without and with
-background congestion (a UDP flow into w1's port on the best-effort class). Both move their
-gradients over the data network through the eBPF switch (gloo's TCP with DSCP 0, the hook's
-UDP on the trimmable class). Rounds alternate the two, and the ratios are medians of
-per-round ratios, so a slow spell of this shared machine hits both alike. Also reported:
-how far the hook's final parameters are from all-reduce's when nothing is trimmed."""
+"""`trimlab bench ddp`: median step time of the same DDP script on the same virtual rack
+with trimlab's comm hook and with DDP's own gloo all-reduce, for models of about 5 k, 1 M
+and 5 M parameters (the example MLP, wider and deeper), without and with congestion that
+hits each contender alike: a UDP flow of the same rate into w1's port on the contender's
+own class (DSCP 0 for gloo's TCP, whose queue drops; the gradient DSCP for the hook, whose
+queue trims). Both move their gradients over the data network through the eBPF switch.
+Rounds alternate the two, and the ratios are medians of per-round ratios, so a slow spell
+of this shared machine hits both alike. Also reported: how far the hook's final
+parameters are from all-reduce's when nothing is trimmed, and the hook's phase times."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -21,6 +24,7 @@ import torch
 
 from trimlab import resources, rundir
 from trimlab.config import (
+    PHASES,
     TRAFFIC_PORT,
     AgentConfig,
     CodecConfig,
@@ -34,18 +38,31 @@ from trimlab.vrack import rack
 
 SCRIPT = resources.example_ddp_script()
 MASTER_PORT = 29600
+RATE_BPS = 100e6
+FLOW = "60mbit"
+# name: (hidden width, hidden layers) of the example MLP on digits (64 inputs, 10 classes)
+MODELS = {"5k": (64, 1), "1M": (1000, 2), "5M": (2200, 2)}
+GRADIENT_DSCP = 10
 
 
-def _config(st, steps: int) -> AgentConfig:
+def parameters(width: int, depth: int) -> int:
+    sizes = [64] + [width] * depth + [10]
+    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def _config(st, steps: int, params: int) -> AgentConfig:
     workers = [h for h in st.nic_hosts if h.role == "worker"]
+    # the deadline leaves room for a whole shard's packets at the port rate, twice over
+    inbound_s = params * 2 * 8 / RATE_BPS
     return AgentConfig(name="bench-ddp", job=11, seed=2, steps=steps, mtu=st.mtu, topology="sharded",
                        workload=WorkloadConfig(kind="ddp", steps=steps),
                        codec=CodecConfig(name="embedded", params={"planes": 16}, span=4096, coords=480),
-                       transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=500),
+                       transport=TransportConfig(dscp=GRADIENT_DSCP, control_dscp=46,
+                                                 deadline_ms=max(500, int(2e3 * inbound_s))),
                        workers=[HostConfig(name=h.name, addr=h.data_ipv4) for h in workers])
 
 
-def _train(st, cfg_path: Path, comm: str, steps: int, out: Path) -> dict:
+def _train(st, cfg_path: Path, comm: str, steps: int, model: tuple[int, int], out: Path) -> dict:
     """The script on every worker; rank 0's median step time (first 3 steps left out) and
     the final parameters."""
     workers = [h for h in st.nic_hosts if h.role == "worker"]
@@ -54,62 +71,96 @@ def _train(st, cfg_path: Path, comm: str, steps: int, out: Path) -> dict:
         env = os.environ | {"MASTER_ADDR": workers[0].data_ipv4, "MASTER_PORT": str(MASTER_PORT),
                             "RANK": str(rank), "WORLD_SIZE": str(len(workers)), "LOCAL_RANK": "0",
                             "GLOO_SOCKET_IFNAME": "eth1", "TRIMLAB_CONFIG": str(cfg_path),
+                            "TRIMLAB_OUT": str(out / f"{comm}-{rank}"),
                             "OMP_NUM_THREADS": "1"}  # 4 ranks share the cores: no oversubscription
         procs.append(subprocess.Popen(["ip", "netns", "exec", h.ns, sys.executable, str(SCRIPT), "--steps", str(steps),
-                                       "--comm", comm, "--seed", "2", "--save", str(out / f"{comm}-{{rank}}.pt")],
+                                       "--comm", comm, "--seed", "2", "--width", str(model[0]),
+                                       "--depth", str(model[1]), "--save", str(out / f"{comm}-{{rank}}.pt")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    for p in procs:
-        o, e = p.communicate(timeout=600)
-        if p.returncode:
-            raise RuntimeError(f"ddp_train.py --comm {comm} failed: {e.strip()[-800:]}")
-        outs.append(o)
+    done = [p.communicate(timeout=900) for p in procs]
+    failed = [f"rank {r}: {e.strip()[-1500:]}" for r, (p, (_, e)) in enumerate(zip(procs, done)) if p.returncode]
+    if failed:
+        raise RuntimeError(f"ddp_train.py --comm {comm} failed: " + "\n".join(failed))
+    outs = [o for o, _ in done]
     times = [json.loads(ln)["step_s"] for ln in outs[0].splitlines() if '"event": "step"' in ln]
-    return {"median_step_s": statistics.median(times[3:] or times),
-            "params": torch.cat([v.reshape(-1) for v in torch.load(out / f"{comm}-0.pt").values()])}
+    result = {"median_step_s": statistics.median(times[3:] or times),
+              "params": torch.cat([v.reshape(-1) for v in torch.load(out / f"{comm}-0.pt").values()])}
+    metrics = out / f"{comm}-0" / rundir.METRICS
+    if metrics.exists():  # the hook's phases, rank 0, median over steps after the first 3
+        rows = list(csv.DictReader(metrics.open()))[3:]
+        result["phases_ms"] = {p: round(statistics.median(float(r[p]) for r in rows), 2) for p in PHASES} if rows else {}
+    return result
 
 
-def run(quick: bool = False, rack_id: str = "bdd") -> dict:
-    steps, rounds = (12, 1) if quick else (40, 3)
+def _flow(st, dscp: int) -> subprocess.Popen:
+    w1 = next(h for h in st.nic_hosts if h.role == "worker")
+    tr = next(h for h in st.nic_hosts if h.role == "traffic")
+    return subprocess.Popen(["ip", "netns", "exec", tr.ns, sys.executable, "-m", "trimlab.agents.traffic", "send",
+                             "--dst", w1.data_ipv4, "--port", str(TRAFFIC_PORT), "--rate", FLOW, "--dscp", str(dscp)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(flow: subprocess.Popen | None) -> None:
+    if flow is not None:
+        flow.terminate()
+        try:
+            flow.wait(10)
+        except subprocess.TimeoutExpired:
+            flow.kill()
+            flow.wait()
+
+
+def run(quick: bool = False, rack_id: str = "bdd", models: list[str] | None = None) -> dict:
+    models = models or (["5k", "1M"] if quick else list(MODELS))
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"models {unknown}: choose from {', '.join(MODELS)}")
+    rounds = 1 if quick else 3
     tmp = Path(tempfile.mkdtemp(prefix="trimlab-bench-ddp-"))
     st = rack.up(rack.plan(rack_id, 4, 0, 1, "100mbit", 1500, 0))
     flow = None
     try:
         prof = load_profile("default")
         st.vswitch().apply(get_target("vswitch").render(prof, [Port(p) for p in st.ports]).config)
-        cfg_path = tmp / rundir.AGENT_CONFIG
-        _config(st, steps).write(cfg_path)
-        w1 = next(h for h in st.nic_hosts if h.role == "worker")
-        tr = next(h for h in st.nic_hosts if h.role == "traffic")
-        result: dict = {"bench": "ddp", "quick": quick, "steps": steps, "rounds": rounds, "workers": 4,
-                        "rate": "100mbit", "background": "60mbit UDP, DSCP 0, into w1's port"}
-        for congestion in (False, True):
-            if congestion:
-                flow = subprocess.Popen(["ip", "netns", "exec", tr.ns, sys.executable, "-m", "trimlab.agents.traffic", "send",
-                                         "--dst", w1.data_ipv4, "--port", str(TRAFFIC_PORT), "--rate", "60mbit", "--dscp", "0"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            hook, gloo = [], []
-            for _ in range(rounds):
-                h = _train(st, cfg_path, "trimlab", steps, tmp)
-                g = _train(st, cfg_path, "allreduce", steps, tmp)
-                hook.append(h["median_step_s"])
-                gloo.append(g["median_step_s"])
-            key = "with_congestion" if congestion else "no_congestion"
-            result[key] = {"hook_step_ms": round(1e3 * statistics.median(hook), 2),
-                           "allreduce_step_ms": round(1e3 * statistics.median(gloo), 2),
-                           "hook_over_allreduce": round(statistics.median(a / b for a, b in zip(hook, gloo)), 3)}
-            if not congestion:
-                a, b = h["params"], g["params"]
-                result["no_congestion"]["params_rel_diff"] = float((a - b).norm() / b.norm())
-            if flow is not None:
-                flow.terminate()
-                flow.wait(10)
-                flow = None
+        result: dict = {"bench": "ddp", "quick": quick, "rounds": rounds, "workers": 4, "rate": "100mbit",
+                        "background": f"{FLOW} UDP into w1's port on the contender's class "
+                                      f"(DSCP 0 for gloo, {GRADIENT_DSCP} for the hook)", "models": {}}
+        for name in models:
+            model = MODELS[name]
+            n = parameters(*model)
+            steps = (12 if n < 1e6 else 8) if quick else (40 if n < 1e6 else 20)
+            cfg_path = tmp / f"{name}-{rundir.AGENT_CONFIG}"
+            _config(st, steps, n).write(cfg_path)
+            res: dict = {"parameters": n, "steps": steps}
+            for congestion in (False, True):
+                hook, gloo = [], []
+                for _ in range(rounds):
+                    for comm, runs, dscp in (("trimlab", hook, GRADIENT_DSCP), ("allreduce", gloo, 0)):
+                        flow = _flow(st, dscp) if congestion else None
+                        try:
+                            runs.append(_train(st, cfg_path, comm, steps, model, tmp))
+                        finally:
+                            _stop(flow)
+                            flow = None
+                key = "with_congestion" if congestion else "no_congestion"
+                res[key] = {"hook_step_ms": round(1e3 * statistics.median(h["median_step_s"] for h in hook), 2),
+                            "allreduce_step_ms": round(1e3 * statistics.median(g["median_step_s"] for g in gloo), 2),
+                            "hook_over_allreduce": round(statistics.median(
+                                h["median_step_s"] / g["median_step_s"] for h, g in zip(hook, gloo)), 3),
+                            "hook_phases_ms": hook[-1].get("phases_ms", {})}
+                if not congestion:
+                    a, b = hook[-1]["params"], gloo[-1]["params"]
+                    res[key]["params_rel_diff"] = float((a - b).norm() / b.norm())
+            result["models"][name] = res
         result["switch"] = st.vswitch().counters()["switch"]
+        big = [m for m in result["models"].values() if m["parameters"] >= 1e6]
+        result["targets"] = {
+            "hook_le_allreduce_from_1M": all(m["no_congestion"]["hook_over_allreduce"] <= 1.0 for m in big),
+            "hook_le_half_allreduce_congested_from_1M": all(m["with_congestion"]["hook_over_allreduce"] <= 0.5
+                                                            for m in big),
+        }
         return result
     finally:
-        if flow is not None:
-            flow.kill()
-            flow.wait()
+        _stop(flow)
         rack.down(st)
         shutil.rmtree(tmp, ignore_errors=True)

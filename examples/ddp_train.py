@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--comm", choices=["trimlab", "allreduce"], default="trimlab")
+    ap.add_argument("--width", type=int, default=64, help="units per hidden layer")
+    ap.add_argument("--depth", type=int, default=1, help="hidden layers (2 × 1000 ≈ 1.1 M parameters)")
     ap.add_argument("--save", help="save the final parameters here ({rank} is replaced)")
     args = ap.parse_args()
 
@@ -36,7 +38,9 @@ def main() -> None:
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
     cut = int(0.8 * len(x))
     (xtr, ytr), (xte, yte) = (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    sizes = [64] + [args.width] * args.depth
+    layers = [m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Linear(sizes[-1], 10))
     ddp = DDP(model)
     if args.comm == "trimlab":
         from trimlab.agents.ddp_hook import (  # the baseline runs without trimlab

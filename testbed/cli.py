@@ -251,11 +251,15 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
 
 @bench_app.command("ddp")
 def bench_ddp(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
-              quick: bool = typer.Option(False, help="12 steps, one round")):
+              quick: bool = typer.Option(False, help="models 5k and 1M, fewer steps, one round"),
+              models: str = typer.Option(None, help="comma-separated, of 5k, 1M, 5M (default: all; --quick: 5k,1M)")):
     """Step time of a DDP script with trimlab's comm hook vs gloo all-reduce, on a virtual rack."""
-    from trimlab.bench.ddp import run  # heavy (torch, pandas): only for this command
+    from trimlab.bench.ddp import MODELS, run  # heavy (torch, pandas): only for this command
 
-    result = run(quick=quick)
+    chosen = [m.strip() for m in models.split(",")] if models else None
+    if chosen and (bad := [m for m in chosen if m not in MODELS]):
+        raise TrimlabError(f"--models {','.join(bad)}: choose from {', '.join(MODELS)}")
+    result = run(quick=quick, models=chosen)
     print(json.dumps(result, indent=None if as_json else 2))
 
 

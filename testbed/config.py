@@ -117,6 +117,8 @@ class AgentConfig(_Strict):
     workers: list[HostConfig] = Field(min_length=1)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     max_missed_steps: int = 3
+    compress_gather: bool = Field(True, description="the DDP hook all-gathers averaged shards as the codec's "
+                                  "untrimmed packets where that is smaller than float32")
 
     @model_validator(mode="after")
     def _roles(self):

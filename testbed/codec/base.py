@@ -134,6 +134,18 @@ class Layout:
     def packets_in_span(self, group: SpanGroup) -> int:
         return -(-group.size // self.coords)
 
+    def skeleton(self, body_bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Span, packet index, coordinates and body length of every packet, in the order
+        encode writes them (block after block, span-major); `body_bytes(c)` sizes a body."""
+        span, index, coords, length = [], [], [], []
+        for b in self.blocks:
+            g, n = b.group, b.group.count * b.per_span
+            span.append(torch.arange(g.first, g.first + g.count).repeat_interleave(b.per_span))
+            index.append(torch.arange(b.first_index, b.first_index + b.per_span).repeat(g.count))
+            coords.append(torch.full((n,), b.coords, dtype=torch.int64))
+            length.append(torch.full((n,), body_bytes(b.coords), dtype=torch.int64))
+        return _cat(span), _cat(index), _cat(coords), _cat(length)
+
 
 class Codec:
     """A trimmable gradient encoding. Subclasses define the per-packet coder."""
@@ -242,18 +254,47 @@ class Codec:
     def _encode_native(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
         flat = x.detach().reshape(-1).to(torch.float32).contiguous()
         lay = self.layout(flat.numel(), ctx)
-        span, index, coords, length = [], [], [], []
-        for b in lay.blocks:
-            g, n = b.group, b.group.count * b.per_span
-            span.append(torch.arange(g.first, g.first + g.count).repeat_interleave(b.per_span))
-            index.append(torch.arange(b.first_index, b.first_index + b.per_span).repeat(g.count))
-            coords.append(torch.full((n,), b.coords, dtype=torch.int64))
-            length.append(torch.full((n,), self.body_bytes(b.coords), dtype=torch.int64))
-        length = _cat(length)
+        span, index, coords, length = lay.skeleton(self.body_bytes)
         body = torch.empty(length.shape[0], int(length.max()), dtype=torch.uint8)
         scale = torch.empty(length.shape[0], dtype=torch.float32)
         native.encode_groups(self, flat, ctx, lay, body, scale)
-        return Packets(_cat(span), _cat(index), _cat(coords), scale, body, length)
+        return Packets(span, index, coords, scale, body, length)
+
+    # -- untrimmed packets as one byte string (the reliable channel's compressed form) -------
+    def packed_size(self, numel: int, ctx: CodecContext) -> int:
+        """Bytes of `pack` for a tensor of `numel` coordinates: every scale, then every body."""
+        lay = self.layout(numel, ctx)
+        return sum(b.group.count * b.per_span * (4 + self.body_bytes(b.coords)) for b in lay.blocks)
+
+    def pack(self, packets: Packets) -> bytes:
+        """The untrimmed `packets` of one encode, as bytes: scales, then bodies in order."""
+        body = packets.body.cpu()
+        parts = [packets.scale.cpu().to(torch.float32).contiguous().numpy().tobytes()]
+        width = packets.length.cpu()
+        start = 0
+        while start < len(packets):  # runs of equal length: one slice each
+            n = int((width[start:] == width[start]).int().cumprod(0).sum())
+            parts.append(body[start:start + n, :int(width[start])].contiguous().numpy().tobytes())
+            start += n
+        return b"".join(parts)
+
+    def unpack(self, data: bytes, ctx: CodecContext, numel: int) -> Packets:
+        """Inverse of `pack` for a tensor of `numel` coordinates (CPU tensors)."""
+        lay = self.layout(numel, ctx)
+        span, index, coords, length = lay.skeleton(self.body_bytes)
+        if len(data) != self.packed_size(numel, ctx):
+            raise CodecError(f"packed {self.name} data of {len(data)} bytes; {numel} coordinates "
+                             f"need {self.packed_size(numel, ctx)}")
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        p = len(length)
+        scale = raw[:4 * p].view(torch.float32)
+        body = torch.zeros(p, int(length.max()), dtype=torch.uint8)
+        row, at = 0, 4 * p
+        for b in lay.blocks:
+            n, w = b.group.count * b.per_span, self.body_bytes(b.coords)
+            body[row:row + n, :w] = raw[at:at + n * w].view(n, w)
+            row, at = row + n, at + n * w
+        return Packets(span, index, coords, scale, body, length)
 
     def packet_errors(self, x: torch.Tensor, ctx: CodecContext, span: torch.Tensor,
                       index: torch.Tensor, nbytes: torch.Tensor) -> dict[str, torch.Tensor]:
