@@ -249,6 +249,16 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
     print(json.dumps(result, indent=None if as_json else 2))
 
 
+@bench_app.command("transport")
+def bench_transport(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
+                    quick: bool = typer.Option(False, help="1 s points, 3 rounds")):
+    """Gradient packets/s a worker sends and a ps receives and decodes, ÷ blast.c's rate."""
+    from trimlab.bench.transport import run  # heavy (torch): only for this command
+
+    result = run(quick=quick)
+    print(json.dumps(result, indent=None if as_json else 2))
+
+
 @bench_app.command("ddp")
 def bench_ddp(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
               quick: bool = typer.Option(False, help="models 5k and 1M, fewer steps, one round"),

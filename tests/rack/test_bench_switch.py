@@ -19,3 +19,20 @@ def test_bench_switch_quick_prints_its_json():
     assert r["trimmed_packets_seen"] > 0  # the all_trimmed points really trimmed
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "tlbsw" not in left
+
+
+def test_bench_transport_quick_prints_its_json():
+    """Our sender and our receive-and-decode path against blast.c on the same path, with and
+    without every packet trimmed; the receiver really decoded (trimmed) gradient packets."""
+    require_root()
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "transport", "--json", "--quick"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    for key in ("untrimmed", "all_trimmed"):
+        m = r[key]
+        assert m["blast_pps"] > 1000 and m["send_pps"] > 100 and m["receive_decode_pps"] > 100, m
+        assert 0 < m["send_over_blast"] and 0 < m["receive_decode_over_blast"]
+    assert set(r["targets"]) == {"send_over_blast_ge_0.8", "receive_decode_over_blast_ge_0.8"}
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "tlbtr" not in left

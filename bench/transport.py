@@ -1,0 +1,173 @@
+"""`trimlab bench transport`: gradient packets per second through the virtual switch,
+ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the same run.
+
+- send: a worker-shaped sender (`python -m trimlab.bench.transport send`) encodes 1 Mi
+  coordinates a step with the run's codec (embedded, B for MTU 1500) and sends them
+  through `agents.transport.Sender` (UDP GSO runs); the rate is what ps1's NIC received.
+- receive and decode: blast-rate traffic of real trimlab packets (pre-encoded, replayed
+  by a sender with no encoding in the loop) into ps1, where the ps's collection path
+  (`agents.node.Node`, `Collector`, decode) takes step after step; the rate is packets
+  accepted and decoded per second.
+Both also with every packet trimmed by the switch (deterministic injection, p = 1).
+The port rate is far above what the machine pushes, so the limiter never binds. The
+ratios are medians of per-round ratios (ours ÷ blast, measured back to back)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from trimlab import wire
+from trimlab.agents.failure import ProtocolError
+from trimlab.agents.node import Node
+from trimlab.agents.transport import Sender
+from trimlab.bench.switch import _blaster, _rx_packets
+from trimlab.codec import get_codec
+from trimlab.config import GRADIENT_PORT, AgentConfig, CodecConfig, HostConfig, TransportConfig, WorkloadConfig
+from trimlab.vrack import rack
+
+NUMEL = 1 << 20
+MTU = 1500
+JOB = 21
+
+
+def _cfg(sender: str, receiver: str) -> AgentConfig:
+    coords = wire.max_coords(get_codec("embedded"), MTU)
+    return AgentConfig(name="bench-transport", job=JOB, seed=1, steps=1, mtu=MTU, topology="ps",
+                       workload=WorkloadConfig(), codec=CodecConfig(name="embedded", span=4096, coords=coords),
+                       transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=10), ps=HostConfig(name="ps1", addr=receiver),
+                       workers=[HostConfig(name="w1", addr=sender)])
+
+
+def send(cfg: AgentConfig, seconds: float, encode: bool) -> dict:
+    """Steps of NUMEL coordinates to the ps until `seconds` pass; with `encode`, each step
+    is encoded anew (a worker's work), else one step's payloads are replayed."""
+    codec = get_codec(cfg.codec.name)
+    grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
+    tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
+    ids = lambda step: wire.PacketIds(cfg.job, step, 0, 0)  # noqa: E731
+    payloads = wire.packetize(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(0), cfg.seed)
+    t0, step, sent = time.monotonic(), 0, 0
+    while time.monotonic() - t0 < seconds:
+        if encode:
+            payloads = wire.packetize(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(step), cfg.seed)
+        elif step:  # the same bodies under this step's header (bytes 6..9), without encoding
+            mark = step.to_bytes(4, "big")
+            payloads = [p[:6] + mark + p[10:] for p in payloads]
+        tx.send_all(payloads)
+        sent += len(payloads)
+        step += 1
+    return {"sent": sent, "steps": step, "seconds": time.monotonic() - t0}
+
+
+def receive(cfg: AgentConfig, seconds: float) -> dict:
+    """Collect and decode step after step (whatever arrived by each step's deadline),
+    skipping ahead to the newest step a faster sender has reached."""
+    node = Node(cfg, cfg.ps.addr, {cfg.workers[0].addr: "w1"}, receive_gradients=True)
+    print(json.dumps({"ready": True}), flush=True)
+    decoded, trimmed, t_first, step = 0, 0, None, 0
+    while True:
+        coll = node.expect(step, 0, {0: cfg.workers[0].addr}, NUMEL, cfg.transport.deadline_ms / 1e3)
+        try:
+            node.collect(coll, step_timeout_s=1.0 if t_first is not None else 60.0)
+        except ProtocolError:  # nothing more came: the sender is done
+            break
+        red = coll.reduce()
+        t_first = t_first or coll.first
+        t_last = time.monotonic()
+        decoded += red.packets
+        trimmed += red.trimmed
+        step = max([step + 1] + [k[0] for k in node.early])
+    return {"decoded": decoded, "trimmed": trimmed, "seconds": t_last - t_first, "steps": step}
+
+
+def run(quick: bool = False, rack_id: str = "btr") -> dict:
+    seconds, rounds = (1.0, 3) if quick else (3.0, 5)
+    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", MTU, 0))
+    procs: list[subprocess.Popen] = []
+    try:
+        sw = st.vswitch()
+        w1, ps = st.nic_hosts[0], st.nic_hosts[1]
+        sw.apply({"BUFFER_PROFILE": {"deep": {"static_th": str(1 << 30), "packet_discard_action": "trim"}},
+                  "BUFFER_QUEUE": {f"{','.join(st.ports)}|0-7": {"profile": "deep"}},
+                  "SWITCH_TRIMMING": {"GLOBAL": {"size": "256"}}})
+        cfg = _cfg(w1.data_ipv4, ps.data_ipv4)
+        size = len(wire.packetize(torch.zeros(4096), get_codec("embedded"), MTU, cfg.codec.coords)[0])
+        exe = _blaster()
+        # blast's sink: a socket that never reads (the stack drops at its queue, no ICMP)
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ps.ns, sys.executable, "-c",
+                                       "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+                                       f"s.bind(('0.0.0.0', {GRADIENT_PORT + 2})); time.sleep(3600)"]))
+
+        def agent(ns: str, *argv: str) -> subprocess.Popen:
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport", *argv,
+                                  "--config", cfg.model_dump_json()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+            procs.append(p)
+            return p
+
+        def result(p: subprocess.Popen) -> dict:
+            out, err = p.communicate(timeout=300)
+            if p.returncode:
+                raise RuntimeError(f"bench transport agent failed: {err.strip()[-800:]}")
+            return json.loads(out)
+
+        def blast_pps() -> float:
+            before, t0 = _rx_packets(ps.ns), time.monotonic()
+            subprocess.run(["ip", "netns", "exec", w1.ns, str(exe), ps.data_ipv4, str(GRADIENT_PORT + 2), str(size),
+                            str(10 << 2), str(seconds)], capture_output=True, check=True)
+            return (_rx_packets(ps.ns) - before) / (time.monotonic() - t0)
+
+        out: dict = {"bench": "transport", "quick": quick, "rounds": rounds, "seconds": seconds, "numel": NUMEL,
+                     "codec": "embedded", "payload_bytes": size}
+        for trimmed in (False, True):
+            sw.apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": "1" if trimmed else "0", "action": "trim"}}})
+            rows = {"blast_pps": [], "send_pps": [], "receive_decode_pps": []}
+            for _ in range(rounds):
+                rows["blast_pps"].append(blast_pps())
+                before, t0 = _rx_packets(ps.ns), time.monotonic()
+                result(agent(w1.ns, "send", "--seconds", str(seconds), "--encode"))
+                rows["send_pps"].append((_rx_packets(ps.ns) - before) / (time.monotonic() - t0))
+                rx = agent(ps.ns, "receive", "--seconds", str(seconds))
+                assert json.loads(rx.stdout.readline()).get("ready")  # bound: it may be sent to
+                result(agent(w1.ns, "send", "--seconds", str(seconds)))
+                r = result(rx)
+                rows["receive_decode_pps"].append(r["decoded"] / max(r["seconds"], 1e-9))
+            key = "all_trimmed" if trimmed else "untrimmed"
+            out[key] = {k: round(statistics.median(v)) for k, v in rows.items()}
+            out[key]["send_over_blast"] = round(statistics.median(
+                s / b for s, b in zip(rows["send_pps"], rows["blast_pps"])), 3)
+            out[key]["receive_decode_over_blast"] = round(statistics.median(
+                r / b for r, b in zip(rows["receive_decode_pps"], rows["blast_pps"])), 3)
+        out["targets"] = {f"{k}_ge_0.8": all(out[m][k] >= 0.8 for m in ("untrimmed", "all_trimmed"))
+                          for k in ("send_over_blast", "receive_decode_over_blast")}
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        rack.down(st)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trimlab.bench.transport", description="the bench's agents")
+    ap.add_argument("role", choices=["send", "receive"])
+    ap.add_argument("--config", required=True, help="AgentConfig as JSON")
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--encode", action="store_true", help="encode every step (else replay one)")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = AgentConfig.model_validate_json(a.config)
+    print(json.dumps(send(cfg, a.seconds, a.encode) if a.role == "send" else receive(cfg, a.seconds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
