@@ -109,8 +109,21 @@ class TrimlabState:
         return fut
 
     def _serve(self) -> None:
-        """The communication thread: buckets in submission order until close()."""
-        while (job := self._jobs.get()) is not None:
+        """The communication thread: buckets in submission order until close(). Between
+        buckets it keeps pumping the sockets: a peer may still need our retransmissions or
+        ACKs, and DDP's next gloo collective would otherwise wait on it forever."""
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.005)
+            except queue.Empty:
+                if self._failed is None:
+                    try:
+                        self.node.pump(0.005)
+                    except BaseException as exc:  # noqa: BLE001 — the next bucket's future reports it
+                        self._failed = exc
+                continue
+            if job is None:
+                return
             flat, grad, index, last, fut = job
             if self._failed is not None:  # a failed all-reduce leaves the protocol out of step
                 fut.set_exception(self._failed)

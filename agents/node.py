@@ -55,6 +55,16 @@ class Node:
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
         self.bye = False
 
+    def state(self) -> str:
+        """What is in flight, for error messages: assemblies, unacknowledged chunks, discards."""
+        asm = ", ".join(f"{self.peers.get(k[0], k[0])} step {k[1]} shard {k[2]}: {len(a.parts)}/{a.nchunks}"
+                        for k, a in self.assemblies.items())
+        out = ", ".join(f"step {b.step} shard {b.shard} to {self.peers.get(d, d)}: {len(p)} chunks"
+                        for b in self.broadcasts for d, p in b.pending.items() if p)
+        return (f"receiving [{asm or 'nothing'}]; unacknowledged [{out or 'nothing'}] "
+                f"({self.ctrl.unsent_bytes()} bytes not yet sent); "
+                f"discarded {dict(self.discarded) or 'nothing'}; collectors {sorted(self.collectors)}")
+
     def name_of(self, addr: str) -> str:
         return f"{self.peers.get(addr, 'unknown host')} ({addr})"
 
@@ -192,7 +202,7 @@ class Node:
                 return data
             if time.monotonic() - t0 > timeout_s:
                 raise ProtocolError(f"no parameters of step {step} (shard {shard}) from "
-                                    f"{self.name_of(src)} within {timeout_s:g} s")
+                                    f"{self.name_of(src)} within {timeout_s:g} s; {self.state()}")
             self.pump()
 
     def expect(self, step: int, bucket: int, ranks: dict[int, str], numel: int,

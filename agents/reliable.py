@@ -80,7 +80,7 @@ class Broadcast:
             if now - self.progress[dest] > self.give_up_s:
                 raise ProtocolError(f"{self.node.name_of(dest)} stopped acknowledging the "
                                     f"parameters of step {self.step} (shard {self.shard}) for "
-                                    f"{self.give_up_s:g} s")
+                                    f"{self.give_up_s:g} s; {self.node.state()}")
         if not waiting:
             return
         if self.node.ctrl.unsent_bytes():  # earlier sends are still leaving the host
