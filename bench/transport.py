@@ -71,7 +71,7 @@ def receive(cfg: AgentConfig, seconds: float) -> dict:
     skipping ahead to the newest step a faster sender has reached."""
     node = Node(cfg, cfg.ps.addr, {cfg.workers[0].addr: "w1"}, receive_gradients=True)
     print(json.dumps({"ready": True}), flush=True)
-    decoded, trimmed, t_first, step = 0, 0, None, 0
+    decoded, trimmed, t_first, t_last, step = 0, 0, None, None, 0
     while True:
         coll = node.expect(step, 0, {0: cfg.workers[0].addr}, NUMEL, cfg.transport.deadline_ms / 1e3)
         try:
@@ -84,7 +84,8 @@ def receive(cfg: AgentConfig, seconds: float) -> dict:
         decoded += red.packets
         trimmed += red.trimmed
         step = max([step + 1] + [k[0] for k in node.early])
-    return {"decoded": decoded, "trimmed": trimmed, "seconds": t_last - t_first, "steps": step}
+    seconds = t_last - t_first if t_first is not None and t_last is not None else 0.0
+    return {"decoded": decoded, "trimmed": trimmed, "seconds": seconds, "steps": step}
 
 
 def run(quick: bool = False, rack_id: str = "btr") -> dict:
