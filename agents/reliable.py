@@ -5,8 +5,9 @@ same bytes. A retransmission waits until everything sent before has left the hos
 socket's unsent bytes are zero) and one RTO more: a shard larger than what the port
 drains in an RTO would otherwise be sent again and again before its first copy left,
 filling the socket buffer so that nothing — ACKs included — got out (a collapse seen
-with 1 M-parameter models at 100 Mbit/s). A receiver acknowledges every chunk it sees, again if it is a
-duplicate, so a lost ACK only costs a retransmission. The node does the receiving.
+with 1 M-parameter models at 100 Mbit/s). A receiver acknowledges every chunk it sees,
+again if it is a duplicate, so a lost ACK only costs a retransmission. The node does the
+receiving.
 """
 
 from __future__ import annotations
