@@ -1,28 +1,56 @@
 """Gradient collection (the gradient port, trimmable DSCP): a `Collector` gathers one
 (step, bucket) from the expected ranks until every packet arrived or the deadline passed,
 then decodes each rank's packets at whatever precision arrived and averages per coordinate
-over the contributions that arrived."""
+over the contributions that arrived.
+
+Packets come in batches (`Arrived`: one recvmmsg's datagrams of this bucket, as arrays);
+each body is copied once, straight into its slot of the rank's body array in the layout's
+packet order, which is what the codec decodes. No per-packet Python on this path."""
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from trimlab import wire
-from trimlab.agents.transport import Datagram
-from trimlab.codec import CodecContext
+from trimlab.codec import CodecContext, Packets
+from trimlab.config import PACKET_LOG_FIELDS
 
 if TYPE_CHECKING:  # types only: the node imports this module
     from trimlab.agents.node import Node
 
 
 @dataclass
+class Arrived:
+    """Gradient datagrams that passed the node's checks (known source, trimlab, this job),
+    with their parsed header fields; `data` rows are the datagrams from byte 0."""
+
+    data: np.ndarray  # (n, slot) uint8
+    length: np.ndarray  # (n,) int64: bytes received
+    dscp: np.ndarray  # (n,) int64, -1 if unknown
+    peer: np.ndarray  # (n,) int64: index into the node's peer addresses
+    head: dict[str, np.ndarray]  # wire.split_fields of the headers
+    time_ns: int
+
+    def take(self, rows: np.ndarray) -> "Arrived":
+        """The datagrams at `rows`, copied (a receive buffer is reused by the next batch)."""
+        return Arrived(self.data[rows], self.length[rows], self.dscp[rows], self.peer[rows],
+                       {k: v[rows] for k, v in self.head.items()}, self.time_ns)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.length.sum())
+
+
+@dataclass
 class Reduced:
     mean: torch.Tensor  # averaged gradient, 0 where no contribution arrived
-    contributors: torch.Tensor  # (numel,) int: contributions averaged per coordinate
+    min_contributors: int  # the fewest contributions averaged at any coordinate
     packets: int
     trimmed: int
     expected: int
@@ -36,37 +64,80 @@ class Collector:
     def __init__(self, node: "Node", step: int, bucket: int, ranks: dict[int, str], numel: int,
                  deadline_s: float):
         self.node, self.step, self.bucket, self.ranks, self.numel = node, step, bucket, ranks, numel
-        self.ctx = dict(span=node.span, coords=node.coords, seed=node.seed)
-        lay = node.codec.layout(numel, CodecContext(seed=node.seed, step=step, bucket=bucket, span=node.span,
-                                                    coords=node.coords))
-        self.expected = sum(b.group.count * b.per_span for b in lay.blocks)
+        self.ctx = CodecContext(seed=node.seed, step=step, bucket=bucket, span=node.span, coords=node.coords)
+        self.layout = node.codec.layout(numel, self.ctx)
+        span, index, coords, body = self.layout.skeleton(node.codec.body_bytes)
+        self.slot_span, self.slot_index, self.slot_coords = span, index, coords
+        self.expected = len(span)  # packets per rank
+        self.width = int(body.max()) if len(body) else 0
+        self.order = sorted(ranks)  # rank -> row of the arrays below
+        self.rank_peer = np.array([node.peer_index(ranks[r]) for r in self.order], dtype=np.int64)
+        nr = len(self.order)
+        self.body = np.zeros((nr, self.expected, self.width), dtype=np.uint8)
+        self.got = np.full((nr, self.expected), -1, dtype=np.int64)  # body bytes received, -1: none yet
+        self.scale = np.zeros((nr, self.expected), dtype=np.float32)
+        self.sent = np.zeros((nr, self.expected), dtype=np.int64)  # UDP payload bytes as sent
+        self.received = np.zeros(nr, dtype=np.int64)
+        self._log: list[dict[str, np.ndarray]] = []  # packet-log columns, batch by batch
         self.deadline_s = deadline_s
-        self.payloads: dict[int, list[bytes]] = {r: [] for r in ranks}
-        self.seen: dict[int, set] = {r: set() for r in ranks}
-        self.rows: list[list] = []
         self.opened = time.monotonic()
         self.first: float | None = None
 
-    def add(self, d: Datagram, head: wire.Header) -> None:
-        status = "accepted"
-        key = (head.span, head.packet)
-        if key in self.seen[head.rank]:
-            status = "duplicate"
-        elif len(self.seen[head.rank]) >= self.expected:
-            status = "over_budget"
-        else:
-            self.seen[head.rank].add(key)
-            self.payloads[head.rank].append(d.payload)
+    def add(self, a: Arrived) -> None:
+        """Take a batch of this bucket's datagrams: check them against the layout and the
+        expected senders, drop duplicates, copy each body into its slot."""
+        f, n = a.head, len(a.length)
+        status = np.full(n, "accepted", dtype=object)
+        row = np.searchsorted(self.order, f["rank"].astype(np.int64))
+        row = np.minimum(row, len(self.order) - 1)
+        known = (np.asarray(self.order)[row] == f["rank"]) & (self.rank_peer[row] == a.peer)
+        discarded: collections.Counter = collections.Counter(rank_mismatch=int((~known).sum()))
+        status[~known] = "rank_mismatch"
+        ids = wire.PacketIds(self.node.job, self.step, 0, self.bucket)
+        ok, slot, reason = wire.screen(f, a.length, self.node.codec, self.layout, ids, discarded,
+                                       ranks=np.asarray(self.order), among=known)
+        status[known & ~ok] = reason[known & ~ok]
+        ok &= known
+        # duplicates: a slot already filled, or filled earlier in this batch
+        key = np.where(ok, row * max(self.expected, 1) + slot, -1)
+        first = np.zeros(n, dtype=bool)
+        if ok.any():
+            _, at = np.unique(key[ok], return_index=True)
+            first[np.flatnonzero(ok)[at]] = True
+        dup = ok & (~first | (self.got[row, np.maximum(slot, 0)] >= 0))
+        discarded["duplicate"] += int(dup.sum())
+        status[dup] = "duplicate"
+        take = np.flatnonzero(ok & ~dup)
+        if len(take):
+            r, s = row[take], slot[take]
+            have = a.length[take] - wire.HEADER_LEN
+            self.body[r, s] = a.data[take, wire.HEADER_LEN:wire.HEADER_LEN + self.width]
+            short = np.flatnonzero(have < self.width)  # trimmed: clear what a longer packet left
+            if len(short):
+                cols = np.arange(self.width)
+                tail = cols[None, :] >= have[short, None]
+                block = self.body[r[short], s[short]]
+                block[tail] = 0
+                self.body[r[short], s[short]] = block
+            self.got[r, s] = have
+            self.scale[r, s] = f["scale"][take]
+            self.sent[r, s] = f["length"][take]
+            np.add.at(self.received, r, 1)
             self.first = self.first or time.monotonic()
-        if status != "accepted":
-            self.node.discarded[status] += 1
-        self.rows.append([d.time_ns, d.src[0], d.dscp, head.step, head.rank, head.bucket, head.span,
-                          head.packet, head.coords, head.length, len(d.payload),
-                          int(len(d.payload) < head.length), -1, status])
+        for reason, count in discarded.items():
+            if count:
+                self.node.discarded[reason] += count
+        # the log: every datagram of the expected senders (another host's are not theirs)
+        cols = {"t_ns": np.full(n, a.time_ns, dtype=np.int64), "src": a.peer, "dscp": a.dscp,
+                "step": f["step"], "rank": f["rank"], "bucket": f["bucket"], "span": f["span"],
+                "packet": f["packet"], "coords": f["coords"], "sent_len": f["length"], "recv_len": a.length,
+                "trimmed": (a.length < f["length"]).astype(np.int64),
+                "_slot": np.where(status == "accepted", row * max(self.expected, 1) + slot, -1), "status": status}
+        self._log.append(cols if known.all() else {k: v[known] for k, v in cols.items()})
 
     @property
     def complete(self) -> bool:
-        return all(len(s) >= self.expected for s in self.seen.values())
+        return bool((self.received >= self.expected).all())
 
     def expired(self, now: float) -> bool:
         return self.first is not None and now - self.first > self.deadline_s
@@ -74,33 +145,60 @@ class Collector:
     def reduce(self, local: torch.Tensor | None = None) -> Reduced:
         """Decode every rank's packets, average per coordinate over what arrived; `local` is
         an exact contribution that never crossed the network (a shard owner's own)."""
-        node = self.node
-        total = torch.zeros(self.numel)
-        count = torch.zeros(self.numel, dtype=torch.int64)
-        if local is not None:
-            total += local
-            count += 1
-        planes: dict[tuple, int] = {}
+        codec = self.node.codec
+        # the sum starts with the local contribution, then ranks in order: the same
+        # additions on every run. `count` (per coordinate) exists only once something is
+        # missing somewhere; until then every contribution covers every coordinate.
+        total = local.to(torch.float32).clone() if local is not None else None
+        whole = int(local is not None)
+        count: torch.Tensor | None = None
+        self.planes = np.full(self.got.shape, -1, dtype=np.int64)
         trimmed = 0
-        for rank, payloads in self.payloads.items():
-            if not payloads:
+        for r in range(len(self.order)):
+            idx = np.flatnonzero(self.got[r] >= 0)
+            if not len(idx):
                 continue
-            dp = wire.depacketize(payloads, node.codec, self.numel,
-                                  wire.PacketIds(node.job, self.step, rank, self.bucket), **self.ctx)
-            ok = ~dp.decoded.missing
-            total[ok] += dp.decoded.tensor[ok]
-            count += ok
-            trimmed += int(dp.trimmed.sum())
-            for s, i, p in zip(dp.packets.span.tolist(), dp.packets.index.tolist(),
-                               dp.decoded.stats["planes"].tolist()):
-                planes[(rank, s, i)] = p
-            for reason, n in dp.discarded.items():
-                node.discarded[reason] += n
-        for row in self.rows:
-            if row[-1] == "accepted":
-                row[12] = planes.get((row[4], row[6], row[7]), -1)
-        per_rank = {r: len(s) for r, s in self.seen.items()}
+            every = len(idx) == self.expected  # no copy: the slots are the layout's order
+            pick = (lambda a: a) if every else (lambda a: a[idx])  # noqa: E731
+            t = torch.from_numpy
+            packets = Packets(span=pick(self.slot_span), index=pick(self.slot_index),
+                              coords=pick(self.slot_coords), scale=t(pick(self.scale[r])),
+                              body=t(pick(self.body[r])), length=t(pick(self.got[r])))
+            dec = codec.decode(packets, self.ctx, self.numel)
+            # nothing missing: every packet arrived with some bits of each of its coordinates
+            # (a per-packet check instead of a pass over the whole mask)
+            if every and bool((dec.stats["present"] == packets.coords).all()):
+                x = dec.tensor
+                whole += 1
+            else:
+                x = dec.tensor.masked_fill(dec.missing, 0)
+                count = (~dec.missing).float() if count is None else count.add_(~dec.missing)
+            total = x if total is None else total.add_(x)
+            trimmed += int((self.got[r, idx] + wire.HEADER_LEN < self.sent[r, idx]).sum())
+            self.planes[r, idx] = dec.stats["planes"].numpy()
+        if total is None:
+            total, least = torch.zeros(self.numel), 0
+        elif count is None:
+            total, least = total.div_(max(whole, 1)), whole
+        else:
+            count.add_(whole)
+            least = int(count.min())
+            total = total.div_(count.clamp_(min=1))
+        per_rank = {rank: int(self.received[i]) for i, rank in enumerate(self.order)}
         received = sum(per_rank.values())
-        return Reduced(total / count.clamp(min=1), count, received, trimmed,
-                       self.expected * len(self.ranks), self.expected * len(self.ranks) - received,
-                       per_rank)
+        expected = self.expected * len(self.order)
+        return Reduced(total, least, received, trimmed, expected, expected - received, per_rank)
+
+    @property
+    def rows(self) -> dict[str, np.ndarray]:
+        """The packet log of this bucket (config.PACKET_LOG_FIELDS, as columns): every
+        datagram it was given, with the planes decoded once it was reduced."""
+        if not self._log:
+            return {k: np.zeros(0, dtype=np.int64) for k in PACKET_LOG_FIELDS}
+        cols = {k: np.concatenate([b[k] for b in self._log]) for k in self._log[0]}
+        slot = cols.pop("_slot")
+        planes = getattr(self, "planes", None)
+        cols["planes"] = np.where(slot >= 0, planes.reshape(-1)[np.maximum(slot, 0)], -1) \
+            if planes is not None else np.full(len(slot), -1, dtype=np.int64)
+        cols["src"] = np.asarray(self.node.peer_addrs, dtype=object)[cols["src"]]
+        return {k: cols[k] for k in PACKET_LOG_FIELDS}

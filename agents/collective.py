@@ -82,7 +82,7 @@ class ShardedAllReduce:
         return self.node.expect(step, self.wire_bucket(index, self.rank), self.others, hi - lo, self.deadline_s)
 
     def reduce_scatter(self, flat: torch.Tensor, step: int, index: int = 0,
-                       coll: Collector | None = None) -> tuple[torch.Tensor, list[list]]:
+                       coll: Collector | None = None) -> tuple[torch.Tensor, dict]:
         """This rank's shard of the mean of `flat` over all ranks, and the packet-log rows of
         what it received. `coll` is the collector `expect` opened, if it was opened early."""
         bounds = shard_bounds(flat.numel(), self.world)
@@ -103,7 +103,7 @@ class ShardedAllReduce:
             self.stats["packets"] += len(payloads)
             self.stats["bytes"] += sum(map(len, payloads))
         if coll is None:
-            return flat[lo:hi], []
+            return flat[lo:hi], {}
         t = time.monotonic()
         self.node.collect(coll, self._timeout(step, "step_s"))
         t = self._phase("wait_ms", t)

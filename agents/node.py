@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from trimlab import wire
-from trimlab.agents.collect import Collector
+from trimlab.agents.collect import Arrived, Collector
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.reliable import (
     ACK,
@@ -25,7 +25,7 @@ from trimlab.agents.reliable import (
     Assembly,
     Broadcast,
 )
-from trimlab.agents.transport import Datagram, Receiver
+from trimlab.agents.transport import Batch, Datagram, Receiver, packed_addr
 from trimlab.codec import get_codec
 from trimlab.config import AgentConfig
 
@@ -40,8 +40,12 @@ class Node:
         self.span, self.coords = c.span, c.coords
         self.port, self.ctrl_port = t.port, t.control_port
         self.peers = peers  # data address -> host name: the only sources accepted
-        self.data = Receiver(bind, self.port) if receive_gradients else None
-        self.ctrl = Receiver(bind, self.ctrl_port, dscp=t.control_dscp)
+        self.peer_addrs = list(peers)  # a datagram's peer index -> its address
+        self._peer_table = np.stack([packed_addr(a) for a in self.peer_addrs]) if peers \
+            else np.zeros((0, 16), dtype=np.uint8)
+        slot = -(-max(cfg.mtu, 576) // 64) * 64  # any datagram that fits the MTU
+        self.data = Receiver(bind, self.port, slot=slot) if receive_gradients else None
+        self.ctrl = Receiver(bind, self.ctrl_port, dscp=t.control_dscp, slot=slot)
         self.broadcasts: list[Broadcast] = []
         self.assemblies: dict[tuple, Assembly] = {}
         self.completed: dict[tuple, int] = {}  # (src, step, shard) delivered -> its chunk count
@@ -49,7 +53,7 @@ class Node:
         self.done_steps: set[tuple] = set()  # (step, bucket) already reduced: late packets
         # packets of a (step, bucket) no collector was opened for yet (a faster peer), kept
         # for it up to a bound; past the bound they are counted as unexpected
-        self.early: dict[tuple, list[tuple[Datagram, wire.Header]]] = {}
+        self.early: dict[tuple, list[Arrived]] = {}
         self.early_bytes, self.early_max_bytes = 0, 8 << 20
         self.discarded: collections.Counter = collections.Counter()
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
@@ -68,15 +72,20 @@ class Node:
     def name_of(self, addr: str) -> str:
         return f"{self.peers.get(addr, 'unknown host')} ({addr})"
 
+    def peer_index(self, addr: str) -> int:
+        """The index of a peer's address in `peer_addrs`, -1 for none."""
+        hit = np.flatnonzero((self._peer_table == packed_addr(addr)).all(1))
+        return int(hit[0]) if len(hit) else -1
+
     # receiving
     def pump(self, timeout: float = 0.01) -> None:
         socks = [s.sock for s in (self.data, self.ctrl) if s is not None]
         ready = select.select(socks, [], [], timeout)[0]
         now = time.monotonic()
         if self.data is not None and self.data.sock in ready:
-            for d in self.data.recv_batch(timeout=0):
-                self._heard(d, now)
-                self._on_gradient(d)
+            batch = self.data.recv_many(timeout=0)
+            if batch is not None:
+                self._on_gradients(batch, now)
         if self.ctrl.sock in ready:
             acks: dict[tuple, str] = {}
             for d in self.ctrl.recv_batch(timeout=0):
@@ -95,34 +104,42 @@ class Node:
         if d.src[0] in self.peers:
             self.last_heard[d.src[0]] = now
 
-    def _on_gradient(self, d: Datagram) -> None:
-        src = d.src[0]
-        if src not in self.peers:
-            self.discarded["unknown_source"] += 1
+    def _on_gradients(self, b: Batch, now: float) -> None:
+        """Check a batch of gradient datagrams as arrays (source, header, job) and hand each
+        (step, bucket)'s share to its collector, or keep it for one about to open."""
+        n = len(b)
+        match = (b.addr[:, None, :] == self._peer_table[None]).all(2)
+        peer = np.where(match.any(1), match.argmax(1), -1) if len(self.peer_addrs) else np.full(n, -1)
+        for p in np.unique(peer[peer >= 0]):
+            self.last_heard[self.peer_addrs[p]] = now
+        head = wire.split_fields(np.ascontiguousarray(b.data[:, :wire.HEADER_LEN]).view(wire.HEADER_DTYPE)[:, 0])
+        ok = np.ones(n, dtype=bool)
+        for reason, bad in (("unknown_source", peer < 0),
+                            ("not_trimlab", (b.length < wire.HEADER_LEN) | b.truncated | (head["magic"] != wire.MAGIC)
+                             | (head["version"] != wire.VERSION)),
+                            ("other_job", head["job"] != self.job)):
+            bad = bad & ok
+            self.discarded[reason] += int(bad.sum())
+            ok &= ~bad
+        if not ok.any():
             return
-        try:
-            head = wire.parse_header(d.payload)
-        except wire.WireError:
-            self.discarded["not_trimlab"] += 1
-            return
-        if head.job != self.job:
-            self.discarded["other_job"] += 1
-            return
-        key = (head.step, head.bucket)
-        coll = self.collectors.get(key)
-        if coll is None:
-            if key in self.done_steps:
-                self.discarded["late"] += 1
-            elif self.early_bytes + len(d.payload) <= self.early_max_bytes:
-                self.early.setdefault(key, []).append((d, head))
-                self.early_bytes += len(d.payload)
+        arrived = Arrived(b.data, b.length, b.dscp, peer, head, b.time_ns)
+        stream = head["step"].astype(np.int64) << 16 | head["bucket"]
+        rows = np.flatnonzero(ok)
+        for key in np.unique(stream[rows]).tolist():
+            mine = rows[stream[rows] == key]
+            step_bucket = (key >> 16, key & 0xFFFF)
+            coll = self.collectors.get(step_bucket)
+            if coll is not None:
+                coll.add(arrived.take(mine))
+            elif step_bucket in self.done_steps:
+                self.discarded["late"] += len(mine)
+            elif self.early_bytes + int(b.length[mine].sum()) <= self.early_max_bytes:
+                kept = arrived.take(mine)
+                self.early.setdefault(step_bucket, []).append(kept)
+                self.early_bytes += kept.nbytes
             else:
-                self.discarded["unexpected"] += 1
-            return
-        if coll.ranks.get(head.rank) != src:
-            self.discarded["rank_mismatch"] += 1
-            return
-        coll.add(d, head)
+                self.discarded["unexpected"] += len(mine)
 
     def _on_control(self, d: Datagram) -> tuple | None:
         src = d.src[0]
@@ -211,14 +228,11 @@ class Node:
         self.collectors[(step, bucket)] = coll
         for key in [k for k in self.early if k[0] < step - 1]:  # steps that are over: never collected
             stale = self.early.pop(key)
-            self.discarded["unexpected"] += len(stale)
-            self.early_bytes -= sum(len(d.payload) for d, _ in stale)
-        for d, head in self.early.pop((step, bucket), []):
-            self.early_bytes -= len(d.payload)
-            if coll.ranks.get(head.rank) != d.src[0]:
-                self.discarded["rank_mismatch"] += 1
-            else:
-                coll.add(d, head)
+            self.discarded["unexpected"] += sum(len(a.length) for a in stale)
+            self.early_bytes -= sum(a.nbytes for a in stale)
+        for a in self.early.pop((step, bucket), []):
+            self.early_bytes -= a.nbytes
+            coll.add(a)
         return coll
 
     def collect(self, coll: Collector, step_timeout_s: float) -> Collector:

@@ -63,7 +63,7 @@ def run(cfg: AgentConfig, out: Path) -> dict:
             row = dict(step=step, t=round(time.monotonic() - t0, 4), wait_ms=round((r0 - w0) * 1e3, 2),
                        reduce_ms=round((time.monotonic() - r0) * 1e3, 2), received=red.packets,
                        expected=red.expected, trimmed=red.trimmed, missing=red.missing,
-                       min_contributors=int(red.contributors.min()), retransmits=bc.retransmits,
+                       min_contributors=red.min_contributors, retransmits=bc.retransmits,
                        test_loss="", test_acc="")
             for k, v in (("received", red.packets), ("trimmed", red.trimmed),
                          ("missing", red.missing), ("expected", red.expected)):

@@ -10,8 +10,10 @@ line numbers its datagrams, to check marking and loss by hand.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
 import json
+import os
 import select
 import fcntl
 import socket
@@ -20,6 +22,8 @@ import termios
 import sys
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from trimlab.config import GRADIENT_PORT
 
@@ -141,12 +145,58 @@ class Datagram:
         return self.tos >> 2 if self.tos >= 0 else -1
 
 
+@dataclass
+class Batch:
+    """Datagrams of one recvmmsg call, as arrays. `data` is the receiver's own buffer: the
+    next call overwrites it, so copy what you keep; bytes of a row past its `length` are
+    left over from earlier datagrams."""
+
+    data: np.ndarray  # (n, slot) uint8, each datagram from byte 0
+    length: np.ndarray  # (n,) int64: bytes received (the whole datagram unless `truncated`)
+    truncated: np.ndarray  # (n,) bool: longer than a slot, cut by the receiver itself
+    tos: np.ndarray  # (n,) int64: TOS / traffic class byte as received, -1 if none came
+    addr: np.ndarray  # (n, 16) uint8: source address (IPv4 in the first 4 bytes)
+    port: np.ndarray  # (n,) int64: source port
+    time_ns: int  # when the batch was read
+    v6: bool  # the receiving socket's family
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    @property
+    def dscp(self) -> np.ndarray:
+        return np.where(self.tos >= 0, self.tos >> 2, -1)
+
+    def src(self, i: int) -> str:
+        raw = self.addr[i].tobytes()
+        return socket.inet_ntop(socket.AF_INET6, raw) if self.v6 else socket.inet_ntop(socket.AF_INET, raw[:4])
+
+
+def packed_addr(addr: str) -> np.ndarray:
+    """An address as `Batch.addr` holds it (16 bytes, IPv4 in the first 4)."""
+    raw = socket.inet_pton(family(addr), addr)
+    return np.frombuffer(raw.ljust(16, b"\0"), dtype=np.uint8)
+
+
+# struct mmsghdr / iovec on LP64 Linux (x86-64, arm64): msghdr is 56 bytes, msg_len follows
+_MMSG = np.dtype({"names": ["name", "namelen", "iov", "iovlen", "control", "controllen", "flags", "len"],
+                  "formats": ["u8", "u4", "u8", "u8", "u8", "u8", "i4", "u4"],
+                  "offsets": [0, 8, 16, 24, 32, 40, 48, 56], "itemsize": 64})
+_IOVEC = np.dtype({"names": ["base", "len"], "formats": ["u8", "u8"], "offsets": [0, 8], "itemsize": 16})
+_NAME, _CONTROL = 28, 32  # sockaddr_in6; one cmsghdr (16 bytes) and its int
+_MSG_DONTWAIT, _MSG_TRUNC = 0x40, 0x20
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+_LIBC.recvmmsg.restype = ctypes.c_int
+
+
 class Receiver:
     """A bound UDP socket that hands back batches of datagrams with their seen TOS; with
-    `dscp`, replies sent from it (`sendto`) carry that DSCP."""
+    `dscp`, replies sent from it (`sendto`) carry that DSCP. One recvmmsg call reads up to
+    `batch` datagrams of at most `slot` bytes into preallocated arrays (`recv_many`)."""
 
     def __init__(self, bind: str = "0.0.0.0", port: int = GRADIENT_PORT, rcvbuf: int = BUFFER_BYTES,
-                 dscp: int | None = None):
+                 dscp: int | None = None, slot: int = 9216, batch: int = 512):
         self.sock = socket.socket(family(bind), socket.SOCK_DGRAM)
         if dscp is not None:
             set_tos(self.sock, dscp)
@@ -162,27 +212,58 @@ class Receiver:
         self.sock.bind((bind, port))
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
+        self._buf = np.zeros((batch, slot), dtype=np.uint8)
+        self._names = np.zeros((batch, _NAME), dtype=np.uint8)
+        self._control = np.zeros((batch, _CONTROL), dtype=np.uint8)
+        self._iov = np.zeros(batch, dtype=_IOVEC)
+        self._iov["base"] = self._buf.ctypes.data + slot * np.arange(batch, dtype=np.uint64)
+        self._iov["len"] = slot
+        self._msgs = np.zeros(batch, dtype=_MMSG)
+        self._msgs["name"] = self._names.ctypes.data + _NAME * np.arange(batch, dtype=np.uint64)
+        self._msgs["iov"] = self._iov.ctypes.data + _IOVEC.itemsize * np.arange(batch, dtype=np.uint64)
+        self._msgs["iovlen"] = 1
+        self._msgs["control"] = self._control.ctypes.data + _CONTROL * np.arange(batch, dtype=np.uint64)
+        # the TOS arrives as one byte (IPv4) or an int (IPv6 traffic class), after the cmsghdr
+        self._tos_level, self._tos_type = ((socket.IPPROTO_IPV6, socket.IPV6_TCLASS) if self.v6
+                                           else (socket.IPPROTO_IP, socket.IP_TOS))
 
-    def _tos(self, ancillary) -> int:
-        for level, kind, data in ancillary:
-            if (level, kind) in ((socket.IPPROTO_IP, socket.IP_TOS),
-                                 (socket.IPPROTO_IPV6, socket.IPV6_TCLASS)):
-                return data[0] if len(data) == 1 else int.from_bytes(data[:4], sys.byteorder)
-        return -1
+    def recv_many(self, timeout: float | None = 0.1, max_packets: int | None = None) -> Batch | None:
+        """Wait up to `timeout` for the first datagram, then read what is queued (at most
+        `max_packets`, and what the buffers hold) in one system call; None if nothing came."""
+        if timeout != 0 and not select.select([self.sock], [], [], timeout)[0]:
+            return None
+        want = min(max_packets or len(self._msgs), len(self._msgs))
+        msgs = self._msgs[:want]
+        msgs["namelen"], msgs["controllen"] = _NAME, _CONTROL  # the kernel overwrites both
+        n = _LIBC.recvmmsg(self.sock.fileno(), self._msgs.ctypes.data, want, _MSG_DONTWAIT, None)
+        if n < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                return None
+            raise OSError(err, f"recvmmsg: {os.strerror(err)}")
+        if n == 0:
+            return None
+        now = time.time_ns()
+        msgs = self._msgs[:n]
+        ctl = self._control[:n]
+        level = ctl[:, 8:12].copy().view(np.int32)[:, 0]
+        kind = ctl[:, 12:16].copy().view(np.int32)[:, 0]
+        value = ctl[:, 16:20].copy().view(np.int32)[:, 0] if self.v6 else ctl[:, 16].astype(np.int32)
+        has = (msgs["controllen"] >= 17) & (level == self._tos_level) & (kind == self._tos_type)
+        names = self._names[:n]
+        addr = names[:, 8:24] if self.v6 else np.pad(names[:, 4:8], ((0, 0), (0, 12)))
+        port = names[:, 2].astype(np.int64) << 8 | names[:, 3]
+        return Batch(self._buf[:n], msgs["len"].astype(np.int64), (msgs["flags"] & _MSG_TRUNC) != 0,
+                     np.where(has, value & 0xFF, -1).astype(np.int64), np.ascontiguousarray(addr), port, now,
+                     self.v6)
 
     def recv_batch(self, max_packets: int = 512, timeout: float | None = 0.1) -> list[Datagram]:
-        """Wait up to `timeout` for the first datagram, then drain what is queued (at most
-        `max_packets`) without blocking."""
-        if not select.select([self.sock], [], [], timeout)[0]:
+        """`recv_many` as one `Datagram` object per datagram (for low rates: control, tools)."""
+        b = self.recv_many(timeout, max_packets)
+        if b is None:
             return []
-        out = []
-        while len(out) < max_packets:
-            try:
-                data, anc, _, src = self.sock.recvmsg(65535, 64)
-            except BlockingIOError:
-                break
-            out.append(Datagram(data, src, self._tos(anc), time.time_ns()))
-        return out
+        return [Datagram(b.data[i, :b.length[i]].tobytes(), (b.src(i), int(b.port[i])), int(b.tos[i]), b.time_ns)
+                for i in range(len(b))]
 
     def sendto(self, payload: bytes, addr: tuple) -> bool:
         """Send; False when the socket buffer is full (as good as a loss on the wire)."""

@@ -221,26 +221,9 @@ def depacketize(payloads: Iterable[bytes], codec, numel: int, ids: PacketIds,
     head = np.frombuffer(b"".join(p[:HEADER_LEN] for p in kept), dtype=HEADER_DTYPE, count=n)
     f = split_fields(head)
     got = np.array([len(p) for p in kept], dtype=np.int64)
-    expect_coords = _expected_coords(lay, f["span"], f["packet"])
-    checks = [
-        ("not_trimlab", (f["magic"] != MAGIC) | (f["version"] != VERSION)),
-        ("other_job", f["job"] != ids.job),
-        ("other_codec", (f["codec"] != codec.codec_id) | (f["flags"] != codec.flags)
-         | (f["planes"] != (codec.planes & 0xFF))),
-        ("other_stream", (f["step"] != ids.step) | (f["bucket"] != ids.bucket)
-         | (f["rank"] != ids.rank)),
-        ("bad_layout", (expect_coords != f["coords"])),
-        ("bad_length", (f["length"] != HEADER_LEN + _body_bytes(codec, f["coords"]))
-         | (got > f["length"])),
-    ]
-    ok = np.ones(n, dtype=bool)
-    for reason, bad in checks:
-        bad = bad & ok
-        discarded[reason] += int(bad.sum())
-        ok &= ~bad
+    ok, slot, _ = screen(f, got, codec, lay, ids, discarded)
     idx = np.flatnonzero(ok)
-    key = f["span"][idx].astype(np.int64) * 256 + f["packet"][idx]
-    _, first = np.unique(key, return_index=True)
+    _, first = np.unique(slot[idx], return_index=True)
     discarded["duplicate"] += int(len(idx) - len(first))
     idx = idx[np.sort(first)]
     width = int(max((_body_bytes(codec, f["coords"][idx]).max() if len(idx) else 0), 0))
@@ -259,16 +242,51 @@ def depacketize(payloads: Iterable[bytes], codec, numel: int, ids: PacketIds,
                         +discarded)
 
 
-def _body_bytes(codec, coords: np.ndarray) -> np.ndarray:
-    return (codec.body_bytes(32) * coords.astype(np.int64)) // 32
+def screen(f: dict[str, np.ndarray], got: np.ndarray, codec, lay, ids: PacketIds,
+           discarded: collections.Counter, ranks: np.ndarray | None = None,
+           among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which packets (header fields `f`, `got` bytes received) belong to the bucket `ids`
+    names and fit its layout `lay`: a mask, each packet's slot in the layout (-1 where it
+    has none) and each rejected packet's reason ("" for the others), counted in
+    `discarded`. `ranks`: the senders accepted, when more than `ids.rank`; `among`: only
+    these packets are screened (the rest are neither accepted nor counted)."""
+    slot, expect_coords = layout_slots(lay, f["span"], f["packet"])
+    ranks = np.asarray([ids.rank] if ranks is None else ranks)
+    checks = [
+        ("not_trimlab", (f["magic"] != MAGIC) | (f["version"] != VERSION)),
+        ("other_job", f["job"] != ids.job),
+        ("other_codec", (f["codec"] != codec.codec_id) | (f["flags"] != codec.flags)
+         | (f["planes"] != (codec.planes & 0xFF))),
+        ("other_stream", (f["step"] != ids.step) | (f["bucket"] != ids.bucket) | ~np.isin(f["rank"], ranks)),
+        ("bad_layout", (expect_coords != f["coords"])),
+        ("bad_length", (f["length"] != HEADER_LEN + _body_bytes(codec, f["coords"]))
+         | (got > f["length"])),
+    ]
+    ok = np.ones(len(got), dtype=bool) if among is None else among.copy()
+    why = np.full(len(got), "", dtype=object)
+    for reason, bad in checks:
+        bad = bad & ok
+        discarded[reason] += int(bad.sum())
+        why[bad] = reason
+        ok &= ~bad
+    return ok, slot, why
 
 
-def _expected_coords(lay, span: np.ndarray, packet: np.ndarray) -> np.ndarray:
-    """Coordinates the layout puts in packet (span, packet); 0 where there is none."""
-    out = np.zeros(len(span), dtype=np.int64)
+def layout_slots(lay, span: np.ndarray, packet: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each packet's position in the layout's packet order (`Layout.skeleton`'s; -1 where
+    the layout has no such packet) and the coordinates the layout puts in it (0 there)."""
+    slot = np.full(len(span), -1, dtype=np.int64)
+    coords = np.zeros(len(span), dtype=np.int64)
+    span, packet, first = span.astype(np.int64), packet.astype(np.int64), 0
     for b in lay.blocks:
         g = b.group
         hit = ((span >= g.first) & (span < g.first + g.count)
                & (packet >= b.first_index) & (packet < b.first_index + b.per_span))
-        out[hit] = b.coords
-    return out
+        slot[hit] = first + (span[hit] - g.first) * b.per_span + packet[hit] - b.first_index
+        coords[hit] = b.coords
+        first += g.count * b.per_span
+    return slot, coords
+
+
+def _body_bytes(codec, coords: np.ndarray) -> np.ndarray:
+    return (codec.body_bytes(32) * coords.astype(np.int64)) // 32

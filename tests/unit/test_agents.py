@@ -104,7 +104,7 @@ def test_ps_topology_identical_parameters_packet_log_and_flood(tmp_path):
     assert sorted(f) == ["ps1", "w1", "w2", "w3"]
     assert len({v["checksum"] for v in f.values()}) == 1  # bit-identical everywhere
     d = f["ps1"]["discarded"]
-    assert d["unknown_source"] > 0 and d["not_trimlab"] > 0 and d["other_job"] > 0
+    assert d["unknown_source"] > 0 and d["not_trimlab"] > 0 and d["other_job"] > 0, d
     assert f["ps1"]["received"] == f["ps1"]["expected"] and f["ps1"]["missing"] == 0
     rows = (tmp_path / "ps1" / "packets.csv").read_text().splitlines()
     assert rows[0].split(",") == list(PACKET_LOG_FIELDS)

@@ -98,3 +98,30 @@ def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
     assert tx.sent == len(payloads)
     rx.close()
     real.close()
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_recv_many_reads_a_batch_as_arrays_with_each_datagrams_tos_and_source(addr):
+    """One recvmmsg call: lengths, per-datagram TOS (two senders, two DSCPs), the source
+    address and port, and datagrams longer than a slot marked truncated."""
+    rx = Receiver(addr, 0, slot=256, batch=8)
+    a, b = Sender(addr, rx.port, dscp=10), Sender(addr, rx.port, dscp=46)
+    for i in range(6):
+        (a if i % 2 else b).send(bytes([i]) * (10 + i))
+    a.send(b"z" * 300)  # longer than a slot
+    got, deadline = [], time.monotonic() + 30
+    while sum(map(len, got)) < 7 and time.monotonic() < deadline:
+        batch = rx.recv_many(timeout=1.0)
+        if batch is not None:
+            got.append(batch)
+            assert len(batch) <= 8
+    lengths = [int(x) for b in got for x in b.length]
+    dscps = [int(x) for b in got for x in b.dscp]
+    firsts = [int(b.data[i, 0]) for b in got for i in range(len(b))]
+    assert lengths == [10, 11, 12, 13, 14, 15, 256] and firsts == [0, 1, 2, 3, 4, 5, ord("z")]
+    assert dscps == [46, 10, 46, 10, 46, 10, 10]
+    assert [bool(x) for b in got for x in b.truncated] == [False] * 6 + [True]
+    assert {got[0].src(0)} == {addr} and got[0].port[1] == a.sock.getsockname()[1]
+    assert rx.recv_many(timeout=0) is None
+    for s in (a, b, rx):
+        s.close()

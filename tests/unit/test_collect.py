@@ -1,0 +1,86 @@
+"""agents.collect.Collector on batches of arrays (no sockets): every body lands in its
+slot, duplicates and foreign packets are logged and counted, and the reduction equals
+decoding the same payloads with wire.depacketize."""
+
+import collections
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from trimlab import wire
+from trimlab.agents.collect import Arrived, Collector
+from trimlab.codec import get_codec
+from trimlab.config import PACKET_LOG_FIELDS
+
+JOB, SEED, SPAN, NUMEL = 3, 9, 1024, 5000
+ADDRS = ["198.19.0.11", "198.19.0.12", "198.19.0.99"]
+
+
+def node(codec):
+    return SimpleNamespace(codec=codec, span=SPAN, coords=256, seed=SEED, job=JOB, peer_addrs=ADDRS,
+                           peer_index=ADDRS.index, discarded=collections.Counter())
+
+
+def arrived(payloads: list[bytes], peer: list[int], slot: int = 2048) -> Arrived:
+    """Payloads as a receive batch lays them out: rows of a reused buffer whose bytes past
+    each datagram are left over from before (here: 0xEE)."""
+    data = np.full((len(payloads), slot), 0xEE, dtype=np.uint8)
+    for i, p in enumerate(payloads):
+        data[i, :len(p)] = np.frombuffer(p, dtype=np.uint8)
+    head = wire.split_fields(np.ascontiguousarray(data[:, :wire.HEADER_LEN]).view(wire.HEADER_DTYPE)[:, 0])
+    return Arrived(data, np.array([len(p) for p in payloads]), np.full(len(payloads), 10), np.array(peer), head,
+                   123)
+
+
+@pytest.mark.parametrize("name", ["embedded", "sign_tail", "fp32"])
+def test_batches_reduce_like_depacketize(name):
+    codec = get_codec(name)
+    grads = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    pk = [wire.packetize(g, codec, coords=256, span=SPAN, ids=wire.PacketIds(JOB, 4, r, 1), seed=SEED)
+          for r, g in enumerate(grads)]
+    rng = np.random.default_rng(0)
+    # rank 0: every packet, some trimmed; rank 1: some lost; both shuffled over three batches
+    sent0 = [p[:wire.HEADER_LEN + int(rng.integers(0, len(p) - wire.HEADER_LEN) // 4 * 4)] if i % 3 == 0 else p
+             for i, p in enumerate(pk[0])]
+    sent1 = [p for i, p in enumerate(pk[1]) if i % 4 != 1]
+    stream = [(p, 0) for p in sent0] + [(p, 1) for p in sent1]
+    order = rng.permutation(len(stream))
+    stream = [stream[i] for i in order]
+    stream += [stream[0], stream[5]]  # duplicates, in a later batch
+    stream.insert(3, (pk[1][0], 2))  # rank 1's packet from another host
+    coll = Collector(node(codec), 4, 1, {0: ADDRS[0], 1: ADDRS[1]}, NUMEL, deadline_s=1.0)
+    for part in np.array_split(np.arange(len(stream)), 3):
+        coll.add(arrived([stream[i][0] for i in part], [stream[i][1] for i in part]))
+    assert coll.received.tolist() == [len(sent0), len(sent1)] and not coll.complete
+    red = coll.reduce()
+    ctx = dict(span=SPAN, coords=256, seed=SEED)
+    dps = [wire.depacketize(s, codec, NUMEL, wire.PacketIds(JOB, 4, r, 1), **ctx) for r, s in enumerate((sent0, sent1))]
+    total, count = torch.zeros(NUMEL), torch.zeros(NUMEL)
+    for dp in dps:
+        total += dp.decoded.tensor.masked_fill(dp.decoded.missing, 0)
+        count += ~dp.decoded.missing
+    assert torch.equal(red.mean, total / count.clamp(min=1))
+    assert red.min_contributors == int(count.min())
+    assert red.trimmed == sum(int(dp.trimmed.sum()) for dp in dps)
+    assert red.missing == red.expected - len(sent0) - len(sent1)
+    rows = coll.rows
+    assert list(rows) == list(PACKET_LOG_FIELDS) and len(rows["step"]) == len(stream) - 1  # not the foreign one
+    assert collections.Counter(rows["status"].tolist()) == {"accepted": len(sent0) + len(sent1), "duplicate": 2}
+    assert set(rows["src"].tolist()) == set(ADDRS[:2])
+    assert coll.node.discarded == {"duplicate": 2, "rank_mismatch": 1}
+    accepted = rows["status"] == "accepted"
+    assert (rows["planes"][accepted] >= 0).all() and (rows["planes"][~accepted] == -1).all()
+    assert rows["trimmed"][accepted].sum() == red.trimmed
+
+
+def test_malformed_packets_are_logged_with_their_reason():
+    codec = get_codec("embedded")
+    good = wire.packetize(torch.ones(NUMEL), codec, coords=256, span=SPAN, ids=wire.PacketIds(JOB, 4, 0, 1), seed=SEED)
+    other = wire.packetize(torch.ones(NUMEL), get_codec("fp32"), coords=256, span=SPAN,
+                           ids=wire.PacketIds(JOB, 4, 0, 1), seed=SEED)
+    coll = Collector(node(codec), 4, 1, {0: ADDRS[0]}, NUMEL, deadline_s=1.0)
+    coll.add(arrived([good[0], other[0], good[1] + b"xx"], [0, 0, 0]))
+    assert coll.rows["status"].tolist() == ["accepted", "other_codec", "bad_length"]
+    assert coll.received.tolist() == [1]
