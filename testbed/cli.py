@@ -32,6 +32,8 @@ rack_app = typer.Typer(help="The virtual rack on this machine.", no_args_is_help
 app.add_typer(rack_app, name="rack")
 switch_app = typer.Typer(help="The switch of a virtual rack.", no_args_is_help=True)
 app.add_typer(switch_app, name="switch")
+wireshark_app = typer.Typer(help="The trimlab dissector for Wireshark and tshark.", no_args_is_help=True)
+app.add_typer(wireshark_app, name="wireshark")
 RACK_ID = typer.Option(None, "--id", help="rack id (default: the only rack up)")
 # Not a terminal (a log, a pipe): wide enough that tables are not cut.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -353,3 +355,20 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@wireshark_app.command("path")
+def wireshark_path():
+    """Print the dissector's path (for `tshark -X lua_script:PATH` or Wireshark's Lua dialog)."""
+    from trimlab.analysis import wireshark
+    print(wireshark.plugin_path())
+
+
+@wireshark_app.command("install")
+def wireshark_install(folder: Path = typer.Option(None, "--dir", help="plugin folder (default: Wireshark's "
+                                                  "personal Lua plugin folder, from `tshark -G folders`)")):
+    """Copy the dissector into your personal Wireshark plugin folder (run again after an upgrade)."""
+    from trimlab.analysis import wireshark
+    target = wireshark.install(folder)
+    console.print(f"installed {target}: Wireshark and tshark dissect trimlab packets from their next start "
+                  "(filter: trimlab or trimlab_ctrl)")

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.rack.conftest import require_root
+from tests.wireshark_check import assert_dissector_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIMLAB = str(Path(sys.executable).with_name("trimlab"))
@@ -107,6 +108,9 @@ def test_sweep_over_topologies_trains_through_trims_with_identical_parameters(tm
     assert 'id="fig-acc-trim-rate"' in (sweep_dir / "report.html").read_text()  # the sweep's comparison
     pcaps = sorted(p.name for p in (runs["ps"] / "pcaps").iterdir())
     assert any(n.startswith("tl") and "ps1" in n for n in pcaps)
+    # the Wireshark dissector reads the ps's capture as analysis.pcap does, trims included
+    ps_pcap = next(p for p in (runs["ps"] / "pcaps").iterdir() if "ps1" in p.name)
+    assert assert_dissector_matches(ps_pcap) > 0
     assert (runs["ps"] / "switch" / "occupancy.csv").stat().st_size > 0
 
 
