@@ -94,8 +94,7 @@ def render_profiles(rack, profile_name: str, out_dir: Path) -> dict[str, str]:
     done = {}
     for sw in rack.switches:
         target = get_target(sw.os)
-        if sw.os == "vswitch":
-            target.mtu = int(rack.vars.get("data_mtu", target.mtu))
+        target.configure(sw.name, {**rack.vars, **sw.vars})
         ports = [Port(name, d.get("facing", "host")) for name, d in sw.ports.items()]
         r = target.render(profile, ports)
         suffix = ".json" if r.config_format == "json" else ".yml"

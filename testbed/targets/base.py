@@ -57,6 +57,9 @@ class SwitchTarget:
         """Render switch_configs/<target>/NAME (or switch_configs/NAME for a shared one)."""
         return self._env().get_template(name).render(**ctx)
 
+    def configure(self, name: str, host_vars: dict) -> None:
+        """Take what rendering needs from the switch's inventory variables (default: nothing)."""
+
     def fail(self, field_: str, value, allowed: str) -> SpecError:
         return SpecError(f"field {field_}={value!r}: target {self.name} allows {allowed}")
 

@@ -17,6 +17,10 @@ class VSwitchTarget(Sonic):
     default_ports = (Port("Ethernet0"), Port("Ethernet4"), Port("Ethernet8"))
     mtu = 9000
 
+    def configure(self, name: str, host_vars: dict) -> None:
+        """The data network's MTU bounds the trim size (no VOQ here)."""
+        self.mtu = int(host_vars.get("data_mtu", self.mtu))
+
     def check(self, profile, ports):
         SwitchTarget.check(self, profile, ports)  # not Sonic.check: other limits here
         if not MIN_TRIM_SIZE <= profile.size <= self.mtu + 14:

@@ -48,6 +48,7 @@ def profile(**kw):
     ("cumulus", {"injection": {"probability": 0.1}}, "injection.probability=0.1: target cumulus allows 0 only"),
     ("sonic", {"queue": 300}, None),  # caught by the profile model itself
     ("sonic", {"size": 10000}, "size=10000: target sonic allows 1..9216 bytes"),
+    ("sonic", {"queue": 16}, "queue=16: target sonic allows a queue index 0..15 (sonic-buffer-queue.yang's qindex)"),
     ("sonic", {"injection": {"probability": 0.5}}, "injection.probability=0.5: target sonic allows 0 only"),
     ("vswitch", {"size": 40}, "size=40: target vswitch allows 62..9014 bytes"),
     ("vswitch", {"queue": "dynamic"}, "queue='dynamic': target vswitch allows a queue 0..7"),
@@ -91,6 +92,29 @@ def test_exempt_sources_render_a_disable_trim_acl():
     assert rules["TRIMLAB_NO_TRIM|EXEMPT_0"] == {"PRIORITY": "9999", "SRC_IP": "198.19.0.13/32",
                                                  "PACKET_ACTION": "DISABLE_TRIM"}
     assert rules["TRIMLAB_NO_TRIM|EXEMPT_1"]["SRC_IPV6"] == "fd00:7472::d/128"
+    # ACL_TABLE's fields as sonic-acl.yang names them (lower case); its ACL_RULE's are upper case
+    assert r.config["ACL_TABLE"] == {"TRIMLAB_NO_TRIM": {"policy_desc": "trimlab: sources never trimmed",
+                                                         "type": "TRIMLAB_TRIMMING_L3", "stage": "INGRESS",
+                                                         "ports": ["Ethernet0"]}}
+
+
+def test_voq_switches_key_buffer_queues_by_hostname_and_asic():
+    t = get_target("sonic")
+    t.configure("leaf1", {"switch_type": "voq", "asic_name": "asic0", "sonic_hostname": "lc1"})
+    r = t.render(profile(), [Port("Ethernet0"), Port("Ethernet4")])
+    assert sorted(r.config["BUFFER_QUEUE"]) == ["lc1|asic0|Ethernet0|1", "lc1|asic0|Ethernet0|4",
+                                                "lc1|asic0|Ethernet4|1", "lc1|asic0|Ethernet4|4"]
+    t = get_target("sonic")
+    t.configure("leaf2", {"switch_type": "voq", "asic_name": "asic1"})  # the inventory name by default
+    assert "leaf2|asic1|Ethernet0|1" in t.render(profile(), [Port("Ethernet0")]).config["BUFFER_QUEUE"]
+    with pytest.raises(SpecError, match="switch leaf3: switch_type voq keys BUFFER_QUEUE as hostname|asic|port|queue; "
+                                        "set asic_name"):
+        get_target("sonic").configure("leaf3", {"switch_type": "voq"})
+    with pytest.raises(SpecError, match="switch leaf4: switch_type='fabric'"):
+        get_target("sonic").configure("leaf4", {"switch_type": "fabric"})
+    plain = get_target("sonic")
+    plain.configure("leaf5", {"data_mtu": 9000})
+    assert "Ethernet0|1" in plain.render(profile(), [Port("Ethernet0")]).config["BUFFER_QUEUE"]
 
 
 def test_vswitch_rendering_is_what_the_virtual_switch_reads():
