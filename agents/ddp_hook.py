@@ -21,6 +21,12 @@ Environment: TRIMLAB_CONFIG (the agents' configuration that `trimlab run` writes
 transport, job, seed, every rank's data address), RANK (torchrun's), and optionally
 TRIMLAB_OUT, a directory for packets.csv, metrics.csv, layout.json, truth/ and final.json,
 the files the native agents write, so the same analysis and report apply.
+
+Without TRIMLAB_CONFIG (a plain `torchrun`, before any rack exists), the configuration
+comes from torch.distributed's rendezvous: every rank takes an address on TRIMLAB_IFACE
+(default `lo`: rank r on 127.0.0.(r + 2), so one machine's ranks stay apart), the ranks
+exchange addresses, and the codec is the default one (embedded, B for the interface's MTU,
+at most 1500); rank 0 says so once.
 """
 
 
@@ -29,6 +35,7 @@ import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,6 +53,56 @@ from trimlab.errors import TrimlabError
 
 class HookError(TrimlabError):
     """The hook cannot start (missing environment, a rank outside the configuration)."""
+
+
+def _interface(iface: str) -> tuple[str, int]:
+    """The first IPv4 address and the MTU of a network interface."""
+    import fcntl
+    import socket
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        name = struct.pack("256s", iface.encode()[:15])
+        try:
+            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, name)[20:24])  # SIOCGIFADDR
+            mtu = struct.unpack("i", fcntl.ioctl(s.fileno(), 0x8921, name)[16:20])[0]  # SIOCGIFMTU
+        except OSError as exc:
+            raise HookError(f"TRIMLAB_IFACE={iface}: no IPv4 address on that interface ({exc.strerror}); "
+                            "name the interface that reaches the other ranks, or set TRIMLAB_CONFIG") from None
+    return addr, mtu
+
+
+def rendezvous_config(iface: str = "lo") -> AgentConfig:
+    """A configuration for a plain torchrun: every rank's address on `iface`, exchanged
+    through torch.distributed (which must be initialized), and trimlab's defaults."""
+    from trimlab import wire
+    from trimlab.codec import get_codec
+    from trimlab.config import CodecConfig, HostConfig, TransportConfig, WorkloadConfig
+    if not dist.is_initialized():
+        raise HookError("TRIMLAB_CONFIG is not set and torch.distributed is not initialized: call "
+                        "dist.init_process_group first (torchrun sets its environment), or set TRIMLAB_CONFIG "
+                        "to the agents' configuration (trimlab run does)")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    addr, mtu = _interface(iface)
+    if iface == "lo":
+        addr, mtu = f"127.0.{(rank + 2) >> 8}.{(rank + 2) & 0xFF}", 1500
+    elif int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        raise HookError(f"TRIMLAB_IFACE={iface}: {os.environ['LOCAL_WORLD_SIZE']} ranks on this host would share "
+                        f"{addr}; run one rank per host there, or TRIMLAB_IFACE=lo on one machine")
+    addrs: list = [None] * world
+    dist.all_gather_object(addrs, addr)
+    mtu = min(mtu, 1500)
+    codec = get_codec("embedded")
+    cfg = AgentConfig(name="torchrun", job=1, seed=0, steps=0, mtu=mtu, topology="sharded",
+                      workload=WorkloadConfig(kind="ddp"),
+                      codec=CodecConfig(name="embedded", span=4096, coords=min(wire.max_coords(codec, mtu), 4096)),
+                      transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=200.0), workers=[HostConfig(name=f"rank{r}", addr=a)
+                                                            for r, a in enumerate(addrs)])
+    if rank == 0:
+        print(f"trimlab: TRIMLAB_CONFIG is not set: {world} ranks exchange gradients over {iface} "
+              f"({', '.join(addrs[:4])}{' ...' if world > 4 else ''}) with codec embedded, port "
+              f"{cfg.transport.port}; set TRIMLAB_CONFIG (trimlab run) to run through a rack", file=sys.stderr,
+              flush=True)
+    return cfg
 
 
 class TrimlabState:
@@ -78,12 +135,10 @@ class TrimlabState:
     @classmethod
     def from_env(cls) -> "TrimlabState":
         path = os.environ.get("TRIMLAB_CONFIG")
-        if not path:
-            raise HookError("TRIMLAB_CONFIG is not set: point it at the agents' configuration "
-                            "(trimlab run sets it; see trimlab/examples/ddp_train.py)")
         rank = int(os.environ.get("RANK", dist.get_rank() if dist.is_initialized() else 0))
         out = os.environ.get("TRIMLAB_OUT")
-        state = cls(AgentConfig.read(path), rank, Path(out) if out else None)
+        cfg = AgentConfig.read(path) if path else rendezvous_config(os.environ.get("TRIMLAB_IFACE", "lo"))
+        state = cls(cfg, rank, Path(out) if out else None)
         if dist.is_initialized():
             dist.barrier()  # every rank's sockets are bound before anyone sends a gradient
         atexit.register(state.close)

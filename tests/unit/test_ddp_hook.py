@@ -84,10 +84,31 @@ def test_hook_trains_identically_on_every_rank_and_matches_allreduce(tmp_path):
 
 def test_from_env_errors(monkeypatch):
     monkeypatch.delenv("TRIMLAB_CONFIG", raising=False)
-    with pytest.raises(HookError, match="TRIMLAB_CONFIG is not set"):
+    with pytest.raises(HookError, match="TRIMLAB_CONFIG is not set and torch.distributed is not initialized"):
         TrimlabState.from_env()
+    from trimlab.agents.ddp_hook import _interface
+    with pytest.raises(HookError, match="TRIMLAB_IFACE=nosuch0: no IPv4 address on that interface"):
+        _interface("nosuch0")
     with pytest.raises(HookError, match="RANK=5: the trimlab configuration has ranks 0..2"):
         TrimlabState(AgentConfig.model_validate(config(3, 41)), 5)
+
+
+def test_the_docstring_command_runs_under_plain_torchrun(tmp_path):
+    """`torchrun --nproc-per-node N examples/ddp_train.py --steps 50` without TRIMLAB_CONFIG:
+    the ranks build the configuration from the rendezvous (loopback), say so once, and
+    train to identical parameters."""
+    doc = next(line.strip() for line in SCRIPT.read_text().splitlines() if line.strip().startswith("torchrun"))
+    argv = doc.split()
+    assert argv[:3] == ["torchrun", "--nproc-per-node", "4"] and argv[3] == "examples/ddp_train.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMLAB_")}
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2",
+           "--master-port", str(free_port()), str(SCRIPT), *argv[4:]]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    done = [json.loads(ln) for ln in out.stdout.splitlines() if '"done"' in ln]
+    assert len(done) == 2 and len({d["checksum"] for d in done}) == 1
+    assert out.stderr.count("trimlab: TRIMLAB_CONFIG is not set: 2 ranks exchange gradients over lo "
+                            "(127.0.0.2, 127.0.0.3)") == 1
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA where a GPU exists
