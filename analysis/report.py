@@ -49,12 +49,12 @@ def _table(rows: list[dict], table_id: str | None = None, status_key: str | None
     body = []
     for r in rows:
         row_cls = f' class="{html.escape(str(r[status_key]))}"' if status_key else ""
-        body.append(f"<tr{row_cls}>" + "".join(f"<td>{html.escape(_fmt(r[k]))}</td>" for k in keys) + "</tr>")
+        body.append(f"<tr{row_cls}>" + "".join(f"<td>{html.escape(fmt(r[k]))}</td>" for k in keys) + "</tr>")
     attr = f' id="{table_id}"' if table_id else ""
     return f'<table{attr}><tr>{head}</tr>{"".join(body)}</table>'
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
     if isinstance(v, float):
         return "-" if v != v else f"{v:.4g}"  # NaN: nothing to say
     return "-" if v is None else str(v)
@@ -110,7 +110,7 @@ def _summary_html(s: dict, run: RunData) -> str:
     def cls(k):  # the run's status is coloured
         return f' class="{html.escape(str(s[k]))}"' if k == "status" else ""
 
-    rows = "".join(f"<tr><th>{k}</th><td{cls(k)}>{html.escape(_fmt(s.get(k)))}</td></tr>" for k in keys if k in s)
+    rows = "".join(f"<tr><th>{k}</th><td{cls(k)}>{html.escape(fmt(s.get(k)))}</td></tr>" for k in keys if k in s)
     spec = html.escape(json.dumps(run.spec, indent=1))
     return (f'<table id="summary">{rows}</table>'
             f"<details><summary>resolved spec</summary><pre>{spec}</pre>"
@@ -175,7 +175,8 @@ def expand(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def _rows_of(run: RunData) -> pd.DataFrame | None:
+def packet_rows(run: RunData) -> pd.DataFrame | None:
+    """The run's matched packet table (packets.parquet; matched now when absent), or None."""
     pq = run.path / rundir.PACKETS_TABLE
     if pq.exists():
         return pd.read_parquet(pq)
@@ -204,7 +205,7 @@ def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.
     runs = [RunData.open(p) for p in expand(paths)]
     rows, curves = [], {}
     for run in runs:
-        row = summary(run, _rows_of(run))
+        row = summary(run, packet_rows(run))
         if row["run"] in curves:  # the same spec run twice: tell them apart by directory
             row["run"] = run.path.name
         rows.append(row)
@@ -236,7 +237,7 @@ def compare(paths: list[str | Path], out: str | Path) -> Path:
                                                "fig-acc-trim-rate")),
         ("Training curves", _figure(figures.training_overlay(curves), "fig-overlay")),
         ("Results", f'<div style="overflow-x:auto">{_table(table, "results")}</div>'
-         + f"<p class=muted>target accuracy: {_fmt(target)} (95 % of the best final accuracy here)</p>"),
+         + f"<p class=muted>target accuracy: {fmt(target)} (95 % of the best final accuracy here)</p>"),
     ]
     out = Path(out)
     out.write_text(_page(f"trimlab comparison of {len(df)} runs", sections))

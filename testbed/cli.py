@@ -337,6 +337,25 @@ def report(runs: list[str] = typer.Argument(..., help="run directories, or a swe
     console.print(f"comparison of {len(runs_found)} runs: {rep.compare(paths, out)}")
 
 
+@app.command("runs")
+def runs_cmd(root: str = typer.Argument("runs", help="the directory `trimlab run --runs` wrote to"),
+             as_json: bool = typer.Option(False, "--json", help="print the listing as JSON")):
+    """List past runs, newest first: name, start, status, accuracy, trims, wall time."""
+    from trimlab.analysis import notebook  # heavy (pandas): only for this command
+    from trimlab.analysis.report import fmt
+
+    df = notebook.list_runs(root)
+    if as_json:
+        print(df.assign(started=df["started"].astype(str)).to_json(orient="records", indent=1))
+        return
+    table = Table("name", "started (UTC)", "status", "accuracy", "trims", "drops", "wall s", "path",
+                  title=f"trimlab runs in {root}")
+    for r in df.astype(object).where(df.notna(), None).itertuples():
+        table.add_row(r.name, r.started.strftime("%Y-%m-%d %H:%M:%S") if r.started else "-", r.status or "-",
+                      fmt(r.accuracy), fmt(r.trims), fmt(r.drops), fmt(r.wall_s), r.path)
+    console.print(table if len(df) else f"no runs in {root}")
+
+
 @app.command()
 def demo(runs: str = typer.Option("runs", help="directory for run directories")):
     """The default experiment (experiments/default.yaml) on a virtual rack."""
