@@ -94,14 +94,15 @@ class ShardedAllReduce:
             if s_hi == s_lo:  # a bucket smaller than the world leaves some ranks no shard
                 continue
             t = time.monotonic()
-            payloads = wire.packetize(flat[s_lo:s_hi], self.node.codec, self.cfg.mtu, c.coords, c.span,
-                                      wire.PacketIds(self.cfg.job, step, self.rank, self.wire_bucket(index, owner)),
-                                      self.cfg.seed, self.cfg.transport.ipv6)
+            frames = wire.packetize_frames(flat[s_lo:s_hi], self.node.codec, self.cfg.mtu, c.coords, c.span,
+                                           wire.PacketIds(self.cfg.job, step, self.rank,
+                                                          self.wire_bucket(index, owner)),
+                                           self.cfg.seed, self.cfg.transport.ipv6)
             t = self._phase("encode_ms", t)
-            tx.send_all(payloads)
+            tx.send_frames(frames)
             self._phase("send_ms", t)
-            self.stats["packets"] += len(payloads)
-            self.stats["bytes"] += sum(map(len, payloads))
+            self.stats["packets"] += len(frames)
+            self.stats["bytes"] += frames.nbytes
         if coll is None:
             return flat[lo:hi], {}
         t = time.monotonic()

@@ -79,11 +79,11 @@ class Worker:
             wait = time.monotonic() - w0
             loss, g = self.gradient(step)
             e0 = time.monotonic()
-            payloads = wire.packetize(g, self.node.codec, cfg.mtu, cfg.codec.coords, cfg.codec.span,
-                                      wire.PacketIds(cfg.job, step, self.rank, 0), cfg.seed, t.ipv6)
+            frames = wire.packetize_frames(g, self.node.codec, cfg.mtu, cfg.codec.coords, cfg.codec.span,
+                                           wire.PacketIds(cfg.job, step, self.rank, 0), cfg.seed, t.ipv6)
             s0 = time.monotonic()
-            tx.send_all(payloads)
-            self.record(step, loss, g, {"packets": len(payloads), "bytes": sum(map(len, payloads)),
+            tx.send_frames(frames)
+            self.record(step, loss, g, {"packets": len(frames), "bytes": frames.nbytes,
                                         "encode_ms": (s0 - e0) * 1e3, "send_ms": (time.monotonic() - s0) * 1e3,
                                         "gather_ms": wait * 1e3})
         self.params = self.node.wait_params(ps, cfg.steps, 0, self.numel, to.params_s)

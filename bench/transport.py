@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
 from trimlab import wire
@@ -52,16 +53,16 @@ def send(cfg: AgentConfig, seconds: float, encode: bool) -> dict:
     grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
     tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
     ids = lambda step: wire.PacketIds(cfg.job, step, 0, 0)  # noqa: E731
-    payloads = wire.packetize(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(0), cfg.seed)
+    frames = wire.packetize_frames(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(0), cfg.seed)
     t0, step, sent = time.monotonic(), 0, 0
     while time.monotonic() - t0 < seconds:
         if encode:
-            payloads = wire.packetize(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(step), cfg.seed)
+            frames = wire.packetize_frames(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(step),
+                                           cfg.seed)
         elif step:  # the same bodies under this step's header (bytes 6..9), without encoding
-            mark = step.to_bytes(4, "big")
-            payloads = [p[:6] + mark + p[10:] for p in payloads]
-        tx.send_all(payloads)
-        sent += len(payloads)
+            frames.data[:, 6:10] = np.frombuffer(step.to_bytes(4, "big"), dtype=np.uint8)
+        tx.send_frames(frames)
+        sent += len(frames)
         step += 1
     return {"sent": sent, "steps": step, "seconds": time.monotonic() - t0}
 

@@ -158,8 +158,27 @@ def _check_layout(codec, mtu: int, coords: int | None, span: int, ipv6: bool) ->
     return coords
 
 
-def packetize(grad, codec, mtu: int = 1500, coords: int | None = None, span: int = 4096,
-              ids: PacketIds = PacketIds(), seed: int = 0, ipv6: bool = False) -> list[bytes]:
+@dataclass
+class Frames:
+    """A bucket's UDP payloads as one array: row i is payload i, its first `length[i]` bytes
+    (rows of full length are back to back in memory, so a run of them is one buffer)."""
+
+    data: np.ndarray  # (n, width) uint8
+    length: np.ndarray  # (n,) int64
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.length.sum())
+
+    def payloads(self) -> list[bytes]:
+        return [self.data[i, :self.length[i]].tobytes() for i in range(len(self))]
+
+
+def packetize_frames(grad, codec, mtu: int = 1500, coords: int | None = None, span: int = 4096,
+                     ids: PacketIds = PacketIds(), seed: int = 0, ipv6: bool = False) -> Frames:
     """Encode a gradient bucket into UDP payloads (header + body) that fit the MTU."""
     from trimlab.codec import (
         CodecContext,  # heavy (torch): wire's header helpers start without it
@@ -182,7 +201,13 @@ def packetize(grad, codec, mtu: int = 1500, coords: int | None = None, span: int
     head["length"] = HEADER_LEN + length
     head["scale"] = pk.scale.cpu().numpy()
     frames = np.concatenate([head.view(np.uint8).reshape(n, HEADER_LEN), body], axis=1)
-    return [frames[i, :HEADER_LEN + length[i]].tobytes() for i in range(n)]
+    return Frames(frames, (HEADER_LEN + length).astype(np.int64))
+
+
+def packetize(grad, codec, mtu: int = 1500, coords: int | None = None, span: int = 4096,
+              ids: PacketIds = PacketIds(), seed: int = 0, ipv6: bool = False) -> list[bytes]:
+    """`packetize_frames` as one bytes object per payload."""
+    return packetize_frames(grad, codec, mtu, coords, span, ids, seed, ipv6).payloads()
 
 
 @dataclass

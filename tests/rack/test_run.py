@@ -109,7 +109,7 @@ def test_sweep_over_topologies_trains_through_trims_with_identical_parameters(tm
     pcaps = sorted(p.name for p in (runs["ps"] / "pcaps").iterdir())
     assert any(n.startswith("tl") and "ps1" in n for n in pcaps)
     # the Wireshark dissector reads the ps's capture as analysis.pcap does, trims included
-    ps_pcap = next(p for p in (runs["ps"] / "pcaps").iterdir() if "ps1" in p.name)
+    ps_pcap = next(p for p in (runs["ps"] / "pcaps").iterdir() if "ps1" in p.name and p.suffix == ".pcap")
     assert assert_dissector_matches(ps_pcap) > 0
     assert (runs["ps"] / "switch" / "occupancy.csv").stat().st_size > 0
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from trimlab.agents.transport import Receiver, Sender, tos_byte
 
@@ -125,3 +126,40 @@ def test_recv_many_reads_a_batch_as_arrays_with_each_datagrams_tos_and_source(ad
     assert rx.recv_many(timeout=0) is None
     for s in (a, b, rx):
         s.close()
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_frames_leave_from_the_array_in_gso_runs(addr):
+    """A bucket's frames (full-width rows back to back, shorter tail rows): full rows leave
+    straight from the array, 64 to a system call; every datagram arrives as payloads()."""
+    import numpy as np
+
+    from trimlab import wire
+    from trimlab.codec import get_codec
+    frames = wire.packetize_frames(torch.randn(150_000, generator=torch.Generator().manual_seed(3)),
+                                   get_codec("embedded"), coords=352, ids=wire.PacketIds(2, 5, 1, 0))
+    assert (frames.length < frames.data.shape[1]).sum() >= 1  # the last span's shorter packet
+    rx = Receiver(addr, 0)
+    tx = Sender(addr, rx.port, dscp=10)
+    calls = []
+    real = tx.sock
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def sendmsg(self, *a):
+            calls.append(len(a[0][0]))
+            return real.sendmsg(*a)
+    tx.sock = Counting()
+    tx.send_frames(frames)
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(frames) and time.monotonic() < deadline:
+        got += rx.recv_batch(timeout=0.5)
+    assert [d.payload for d in got] == frames.payloads()
+    assert tx.sent == len(frames) and tx.bytes == frames.nbytes
+    width = frames.data.shape[1]
+    assert calls and max(calls) == 64 * width and sum(calls) <= int(np.sum(frames.length == width)) * width
+    rx.close()
+    real.close()
