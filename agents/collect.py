@@ -58,6 +58,26 @@ class Reduced:
     per_rank: dict[int, int]  # rank -> packets received
 
 
+def _units(flat: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`flat` as (whole units, unit) rows, and the shorter last unit (may be empty): views."""
+    n = flat.numel() // unit * unit
+    return flat[:n].view(-1, unit), flat[n:]
+
+
+def _zero_units(flat: torch.Tensor, unit: int, miss: torch.Tensor) -> None:
+    rows, tail = _units(flat, unit)
+    rows[miss[:len(rows)]] = 0
+    if tail.numel() and bool(miss[-1]):
+        tail.zero_()
+
+
+def _divide_units(flat: torch.Tensor, unit: int, count: torch.Tensor) -> None:
+    rows, tail = _units(flat, unit)
+    rows.div_(count[:len(rows), None])
+    if tail.numel():
+        tail.div_(count[-1])
+
+
 class Collector:
     """Gradient packets of one (step, bucket) from the expected ranks."""
 
@@ -146,12 +166,14 @@ class Collector:
         """Decode every rank's packets, average per coordinate over what arrived; `local` is
         an exact contribution that never crossed the network (a shard owner's own)."""
         codec = self.node.codec
-        # the sum starts with the local contribution, then ranks in order: the same
-        # additions on every run. `count` (per coordinate) exists only once something is
-        # missing somewhere; until then every contribution covers every coordinate.
+        # A rotated codec marks whole spans missing, so contributions are counted per span
+        # (unit = span) and masked and divided span by span: no pass over a per-coordinate
+        # mask. The sum starts with the local contribution, then ranks in order: the same
+        # additions on every run. `count` exists once something is missing somewhere.
+        unit = self.node.span if codec.rotated else 1
         total = local.to(torch.float32).clone() if local is not None else None
         whole = int(local is not None)
-        count: torch.Tensor | None = None
+        count: torch.Tensor | None = None  # (units,) contributions per unit
         self.planes = np.full(self.got.shape, -1, dtype=np.int64)
         trimmed = 0
         for r in range(len(self.order)):
@@ -165,14 +187,16 @@ class Collector:
                               coords=pick(self.slot_coords), scale=t(pick(self.scale[r])),
                               body=t(pick(self.body[r])), length=t(pick(self.got[r])))
             dec = codec.decode(packets, self.ctx, self.numel)
+            x = dec.tensor
             # nothing missing: every packet arrived with some bits of each of its coordinates
             # (a per-packet check instead of a pass over the whole mask)
             if every and bool((dec.stats["present"] == packets.coords).all()):
-                x = dec.tensor
                 whole += 1
             else:
-                x = dec.tensor.masked_fill(dec.missing, 0)
-                count = (~dec.missing).float() if count is None else count.add_(~dec.missing)
+                miss = dec.missing[::unit]  # one flag per unit
+                if miss.any():
+                    _zero_units(x, unit, miss)
+                count = (~miss).float() if count is None else count.add_(~miss)
             total = x if total is None else total.add_(x)
             trimmed += int((self.got[r, idx] + wire.HEADER_LEN < self.sent[r, idx]).sum())
             self.planes[r, idx] = dec.stats["planes"].numpy()
@@ -183,7 +207,7 @@ class Collector:
         else:
             count.add_(whole)
             least = int(count.min())
-            total = total.div_(count.clamp_(min=1))
+            _divide_units(total, unit, count.clamp_(min=1))
         per_rank = {rank: int(self.received[i]) for i, rank in enumerate(self.order)}
         received = sum(per_rank.values())
         expected = self.expected * len(self.order)
