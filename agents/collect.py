@@ -66,7 +66,7 @@ def _units(flat: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _zero_units(flat: torch.Tensor, unit: int, miss: torch.Tensor) -> None:
     rows, tail = _units(flat, unit)
-    rows[miss[:len(rows)]] = 0
+    rows.index_fill_(0, miss[:len(rows)].nonzero().squeeze(1), 0)
     if tail.numel() and bool(miss[-1]):
         tail.zero_()
 
@@ -203,7 +203,9 @@ class Collector:
         if total is None:
             total, least = torch.zeros(self.numel), 0
         elif count is None:
-            total, least = total.div_(max(whole, 1)), whole
+            least = whole
+            if whole > 1:
+                total.div_(whole)
         else:
             count.add_(whole)
             least = int(count.min())
