@@ -114,28 +114,32 @@ class Sender:
             self._gso(memoryview(b"".join(run)), size)
 
     def send_frames(self, frames) -> None:
-        """Send a `wire.Frames`: runs of full-width rows straight from the array (one GSO
-        send per up to 64, no bytes object per packet), shorter rows one by one."""
+        """Send a `wire.Frames` from its array, without a bytes object per packet: each run of
+        up to 64 equal-length rows, plus a shorter row that may end it, is one GSO send. A
+        run of full-width rows is sent in place (rows are back to back); a run of shorter
+        rows (a layout's tail packets) is first packed into one small buffer."""
         if self.rate_bps or not self.gso:
             self.send_all(frames.payloads())
             return
         data, length = frames.data, frames.length
         width = data.shape[1]
-        per_run = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // max(width, 1)))
-        full = length == width
+        flat = memoryview(data).cast("B")
         i, n = 0, len(length)
         while i < n:
-            if not full[i]:
-                self.sock.sendto(memoryview(data[i, :length[i]]), self.dst)
-                self.sent += 1
-                self.bytes += int(length[i])
-                i += 1
-                continue
+            size = int(length[i])
+            per_run = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size))
             j = i + 1
-            while j < n and j - i < per_run and full[j]:
+            while j < n and j - i < per_run and length[j] == size:
                 j += 1
-            self._gso(memoryview(data[i:j]).cast("B"), width)
-            i = j
+            last = j < n and j - i < per_run and length[j] < size and (j - i) * size + length[j] <= GSO_MAX_BYTES
+            tail = int(length[j]) if last else 0
+            if size == width:
+                buf = flat[i * width:j * width + tail]
+            else:
+                buf = memoryview(np.concatenate([data[i:j, :size].reshape(-1), data[j, :tail]] if last
+                                                else [data[i:j, :size].reshape(-1)]))
+            self._gso(buf, size)
+            i = j + last
 
     def _gso(self, buf: memoryview, size: int) -> None:
         """One UDP GSO send: the kernel cuts `buf` into datagrams of `size` bytes (the last

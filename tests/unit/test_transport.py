@@ -160,6 +160,7 @@ def test_frames_leave_from_the_array_in_gso_runs(addr):
     assert [d.payload for d in got] == frames.payloads()
     assert tx.sent == len(frames) and tx.bytes == frames.nbytes
     width = frames.data.shape[1]
-    assert calls and max(calls) == 64 * width and sum(calls) <= int(np.sum(frames.length == width)) * width
+    full, short = int(np.sum(frames.length == width)), int(np.sum(frames.length < width))
+    assert max(calls) == 64 * width and len(calls) <= -(-full // 64) + -(-short // 64) + 1
     rx.close()
     real.close()
