@@ -3,7 +3,9 @@ ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the sa
 
 - send: a worker-shaped sender (`python -m trimlab.bench.transport send`) encodes 1 Mi
   coordinates a step with the run's codec (embedded, B for MTU 1500) and sends them
-  through `agents.transport.Sender` (UDP GSO runs); the rate is what ps1's NIC received.
+  through `agents.transport.Sender` (`send_frames`: UDP GSO runs straight from the
+  frames array); the rate is what ps1's NIC received during the sender's own timed loop
+  (it says ready once python, torch and the codec are warm: start-up is not timed).
 - receive and decode: blast-rate traffic of real trimlab packets (pre-encoded, replayed
   by a sender with no encoding in the loop) into ps1, where the ps's collection path
   (`agents.node.Node`, `Collector`, decode) takes step after step; the rate is packets
@@ -46,14 +48,18 @@ def _cfg(sender: str, receiver: str) -> AgentConfig:
                        workers=[HostConfig(name="w1", addr=sender)])
 
 
-def send(cfg: AgentConfig, seconds: float, encode: bool) -> dict:
+def send(cfg: AgentConfig, seconds: float, encode: bool, go=None) -> dict:
     """Steps of NUMEL coordinates to the ps until `seconds` pass; with `encode`, each step
-    is encoded anew (a worker's work), else one step's payloads are replayed."""
+    is encoded anew (a worker's work), else one step's payloads are replayed. With `go` (a
+    file), say ready and wait for a line on it first, so that start-up is not timed."""
     codec = get_codec(cfg.codec.name)
     grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
     tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
     ids = lambda step: wire.PacketIds(cfg.job, step, 0, 0)  # noqa: E731
     frames = wire.packetize_frames(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(0), cfg.seed)
+    if go is not None:  # started and warmed up: the clock starts when the bench says go
+        print(json.dumps({"ready": True}), flush=True)
+        go.readline()
     t0, step, sent = time.monotonic(), 0, 0
     while time.monotonic() - t0 < seconds:
         if encode:
@@ -109,8 +115,8 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
 
         def agent(ns: str, *argv: str) -> subprocess.Popen:
             p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport", *argv,
-                                  "--config", cfg.model_dump_json()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+                                  "--config", cfg.model_dump_json()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
             procs.append(p)
             return p
 
@@ -133,9 +139,13 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
             rows = {"blast_pps": [], "send_pps": [], "receive_decode_pps": []}
             for _ in range(rounds):
                 rows["blast_pps"].append(blast_pps())
-                before, t0 = _rx_packets(ps.ns), time.monotonic()
-                result(agent(w1.ns, "send", "--seconds", str(seconds), "--encode"))
-                rows["send_pps"].append((_rx_packets(ps.ns) - before) / (time.monotonic() - t0))
+                tx = agent(w1.ns, "send", "--seconds", str(seconds), "--encode", "--wait")
+                assert json.loads(tx.stdout.readline()).get("ready")  # python and torch are up
+                before = _rx_packets(ps.ns)
+                tx.stdin.write("go\n")
+                tx.stdin.flush()
+                r = result(tx)
+                rows["send_pps"].append((_rx_packets(ps.ns) - before) / r["seconds"])
                 rx = agent(ps.ns, "receive", "--seconds", str(seconds))
                 assert json.loads(rx.stdout.readline()).get("ready")  # bound: it may be sent to
                 result(agent(w1.ns, "send", "--seconds", str(seconds)))
@@ -164,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="AgentConfig as JSON")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--encode", action="store_true", help="encode every step (else replay one)")
+    ap.add_argument("--wait", action="store_true", help="send: say ready, start on a line on stdin")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = AgentConfig.model_validate_json(a.config)
-    print(json.dumps(send(cfg, a.seconds, a.encode) if a.role == "send" else receive(cfg, a.seconds)))
+    print(json.dumps(send(cfg, a.seconds, a.encode, sys.stdin if a.wait else None) if a.role == "send"
+                     else receive(cfg, a.seconds)))
     return 0
 
 
