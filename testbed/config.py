@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 class WorkloadConfig(_Strict):
     """What to train; also the spec's `workload:` section."""
 
-    kind: Literal["digits", "synthetic", "custom", "ddp"] = "digits"
+    kind: Literal["digits", "synthetic", "mnist1d", "cifar10", "cifar100", "custom", "ddp"] = "digits"
     model: Literal["mlp", "cnn"] = "mlp"
     steps: int = Field(100, ge=1, le=1_000_000)
     batch: int = Field(64, ge=1, le=65536)
@@ -49,7 +49,9 @@ class WorkloadConfig(_Strict):
     momentum: float = Field(0.0, ge=0, lt=1)
     eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
     factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
-    dataset: str | None = Field(None, description="custom: path to a local dataset")
+    dataset: str | None = Field(None, description="custom: path to a local dataset; cifar10/cifar100: the "
+                                                   "directory holding torchvision's cifar-10-batches-py/ "
+                                                   "or cifar-100-python/")
     script: str | None = Field(None, description="ddp: a torch DDP script that registers trimlab's comm "
                                                  "hook (default: examples/ddp_train.py), the same path on every host")
 
@@ -60,8 +62,13 @@ class WorkloadConfig(_Strict):
         if self.kind == "custom" and not (self.factory and self.dataset):
             raise SpecError("workload.kind=custom needs workload.factory (module:function) and "
                             "workload.dataset (a local path)")
-        if self.kind != "custom" and (self.factory or self.dataset):
-            raise SpecError("workload.factory and workload.dataset only apply to workload.kind=custom")
+        if self.kind in ("cifar10", "cifar100") and not self.dataset:
+            raise SpecError(f"workload.kind={self.kind} needs workload.dataset: the local directory holding "
+                            "torchvision's CIFAR files (nothing is downloaded)")
+        if self.factory and self.kind != "custom":
+            raise SpecError("workload.factory only applies to workload.kind=custom")
+        if self.dataset and self.kind not in ("custom", "cifar10", "cifar100"):
+            raise SpecError("workload.dataset only applies to workload.kind=custom, cifar10 or cifar100")
         if self.factory and ":" not in self.factory:
             raise SpecError(f"workload.factory={self.factory!r}: use 'package.module:function'")
         return self

@@ -171,6 +171,51 @@ def tiny():
     return torch.nn.Linear(4, 3)
 
 
+def test_mnist1d_is_generated_cached_and_learnable(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIMLAB_CACHE", str(tmp_path))
+    import random
+    import numpy as np
+    before = np.random.get_state()[1][:4].copy(), random.random()
+    random.seed(before[1])
+    wl = W.build(WorkloadConfig(kind="mnist1d", model="cnn"), 3)
+    assert tuple(wl.x_train.shape) == (8000, 1, 40) and tuple(wl.x_test.shape) == (2000, 1, 40)
+    assert set(wl.y_train.tolist()) == set(range(10)) and (tmp_path / "mnist1d-10000.npz").exists()
+    assert (np.random.get_state()[1][:4] == before[0]).all()  # the package's seeding is undone
+    again = W.build(WorkloadConfig(kind="mnist1d", model="mlp"), 3)  # from the cache: the same data
+    assert torch.equal(again.x_train, wl.x_train) and torch.equal(again.y_test, wl.y_test)
+    opt = torch.optim.SGD(wl.model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(200):
+        loss = wl.loss(*wl.batch(3, 0, 1, step, 64))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert wl.evaluate()[1] > 0.5  # ten classes: chance is 0.1
+
+
+@pytest.mark.parametrize("kind,sub,train,test,label", [
+    ("cifar10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
+    ("cifar100", "cifar-100-python", ["train"], ["test"], b"fine_labels")])
+def test_cifar_from_a_local_directory_in_torchvision_layout(tmp_path, kind, sub, train, test, label):
+    """A tiny stand-in written the way torchvision's archives are (pickled dicts of uint8
+    rows, channel-major) loads with the right shapes, scale and labels."""
+    import pickle
+    import numpy as np
+    rng = np.random.default_rng(0)
+    (tmp_path / sub).mkdir()
+    classes = 100 if kind == "cifar100" else 10
+    for name in train + test:
+        data = rng.integers(0, 256, (6, 3072), dtype=np.uint8)
+        data[0, :1024] = 255  # the first image's red plane
+        with open(tmp_path / sub / name, "wb") as f:
+            pickle.dump({b"data": data, label: list(rng.integers(0, classes, 6))}, f)
+    wl = W.build(WorkloadConfig(kind=kind, model="cnn", dataset=str(tmp_path)), 0)
+    assert tuple(wl.x_train.shape) == (6 * len(train), 3, 32, 32) and tuple(wl.x_test.shape) == (6, 3, 32, 32)
+    assert float(wl.x_train[0, 0].min()) == 1.0 and float(wl.x_train.max()) <= 1.0
+    assert wl.model(wl.x_test).shape == (6, classes)
+    with pytest.raises(W.SpecError, match=f"no {sub}/.* give the directory holding torchvision's {sub}/"):
+        W.build(WorkloadConfig(kind=kind, dataset=str(tmp_path / "nothing")), 0)
+
+
 @pytest.mark.parametrize("agent", ["worker", "ps", "traffic", "capture", "transport"])
 def test_every_agent_has_help(agent):
     out = subprocess.run([sys.executable, "-m", f"trimlab.agents.{agent}", "--help"], cwd=ROOT,
