@@ -204,3 +204,38 @@ def accuracy_vs_trim_rate(results: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="steps (none: never reached)", row=1, col=2)
     fig.update_layout(title=title, template=TEMPLATE, height=440)
     return fig
+
+
+def time_to_target(agg: pd.DataFrame) -> go.Figure:
+    """The headline: wall time to the target accuracy against background load, one line per
+    contender, mean and 95 % interval over seeds; a point where no seed reached the target
+    is drawn at the top as "never"."""
+    title = "Wall time to target accuracy against background load"
+    if agg is None or agg.empty or "load" not in agg:
+        return _empty(title, "no results")
+    loads = list(dict.fromkeys(agg["load"]))  # in the spec's order
+    top = max([v for v in agg["seconds_to_target_mean"].dropna()] + [1.0]) * 1.15
+    fig = go.Figure()
+    for i, (name, g) in enumerate(agg.groupby("contender", sort=False)):
+        if "inject_p" in g:  # injected points have their own table: loads only here
+            g = g[g["inject_p"].fillna(0) == 0]
+        if g.empty:
+            continue
+        color = PALETTE[i % len(PALETTE)]
+        reached = g["seconds_to_target_mean"].notna()
+        fig.add_trace(go.Scatter(x=g["load"], y=g["seconds_to_target_mean"].where(reached), name=name,
+                                 mode="lines+markers", line={"color": color},
+                                 error_y={"type": "data", "array": g["seconds_to_target_ci95"].fillna(0),
+                                          "visible": True},
+                                 text=g["seconds_to_target_text"],
+                                 hovertemplate="%{x}: %{text}<extra>" + name + "</extra>"))
+        if (~reached).any():
+            fig.add_trace(go.Scatter(x=g.loc[~reached, "load"], y=[top] * int((~reached).sum()), name=f"{name}: never",
+                                     mode="markers+text", marker={"color": color, "symbol": "x", "size": 12},
+                                     text=["never"] * int((~reached).sum()), textposition="top center",
+                                     showlegend=False))
+    fig.update_xaxes(title_text="background load on each contender's own queue", categoryorder="array",
+                     categoryarray=loads)
+    fig.update_yaxes(title_text="seconds to target (mean ± 95 % interval)", rangemode="tozero")
+    fig.update_layout(title=title, template=TEMPLATE, height=460)
+    return fig

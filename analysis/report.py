@@ -85,7 +85,13 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     m, spec = run.manifest, run.spec
     res = m.get("results", {})
     c = spec.get("congestion", {})
-    out = {"run": m.get("name", run.path.name), "status": m.get("status"), "reason": m.get("reason"),
+    wl = spec.get("workload", {})
+    comm = wl.get("comm", "trimlab") if wl.get("kind") == "ddp" else "trimlab"
+    flows = c.get("background", [])
+    out = {"run": m.get("name", run.path.name), "point": rundir.point_of(m.get("name", run.path.name)),
+           "seed": spec.get("seed"), "status": m.get("status"), "reason": m.get("reason"),
+           "comm": comm, "contender": contender(comm, spec.get("codec", {}).get("name"), c),
+           "load": " + ".join(f["rate"] for f in flows) if flows else "none",
            "codec": spec.get("codec", {}).get("name"), "topology": spec.get("topology"),
            "inject_p": c.get("inject_probability", 0.0), "action": c.get("inject_action", "trim"),
            "background_flows": len(c.get("background", [])), "steps": spec.get("workload", {}).get("steps"),
@@ -101,6 +107,60 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
         t = rows[rows["trimmed"] & rows["nmse"].notna()]
         out["median_nmse_trimmed"] = float(t["nmse"].median()) if len(t) else None
     return out
+
+
+def contender(comm: str, codec: str | None, congestion: dict) -> str:
+    """What competes in a comparison: gloo, or trimlab with its switch action and codec."""
+    if comm == "gloo":
+        return "gloo (TCP, drop)"
+    action = congestion.get("inject_action", "trim") if congestion.get("inject_probability") else None
+    return f"trimlab {action or 'trim'} {codec}"
+
+
+# two-sided 95 % quantiles of Student's t, by degrees of freedom (1..30); 1.96 beyond
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def mean_ci95(values) -> tuple[float | None, float | None]:
+    """Mean and the half-width of its 95 % confidence interval (Student's t); a single
+    value has no interval (None)."""
+    v = [float(x) for x in values]
+    if not v:
+        return None, None
+    n = len(v)
+    mean = sum(v) / n
+    if n == 1:
+        return mean, None
+    sd = (sum((x - mean) ** 2 for x in v) / (n - 1)) ** 0.5
+    return mean, (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / n ** 0.5
+
+
+def aggregate(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per point (runs that differ only in seed): seeds, and for final accuracy,
+    steps to target and seconds to target the mean, 95 % interval and how many runs never
+    reached the target; `*_text` says it in words ("never" where no run reached it)."""
+    rows = []
+    for point, g in df.groupby("point", sort=False):
+        row = {"point": point, "seeds": len(g)}
+        for k in ("contender", "load", "codec", "action", "inject_p", "comm"):
+            if k in g:
+                row[k] = g[k].iloc[0]
+        for m in ("final_acc", "steps_to_target", "seconds_to_target"):
+            got = g[m].dropna() if m in g else pd.Series(dtype=float)
+            never = len(g) - len(got)
+            mean, ci = mean_ci95(got)
+            row |= {f"{m}_mean": mean, f"{m}_ci95": ci, f"{m}_never": never}
+            if mean is None:
+                text = "never" if m != "final_acc" else "-"
+            else:
+                text = f"{mean:.4g}" + (f" ± {ci:.2g}" if ci is not None else "")
+                if never:
+                    text += f" (never in {never} of {len(g)})"
+            row[f"{m}_text"] = text
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _summary_html(s: dict, run: RunData) -> str:
@@ -228,16 +288,32 @@ def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.
 
 def compare(paths: list[str | Path], out: str | Path) -> Path:
     df, curves = results(paths)
-    cols = ["run", "status", "codec", "inject_p", "action", "background_flows", "trimmed_rate", "dropped_rate",
-            "final_acc", "steps_to_target", "seconds_to_target", "median_nmse_trimmed", "wall_s"]
+    cols = ["run", "status", "contender", "load", "codec", "inject_p", "action", "background_flows",
+            "trimmed_rate", "dropped_rate", "final_acc", "steps_to_target", "seconds_to_target",
+            "median_nmse_trimmed", "wall_s"]
     table = df[[c for c in cols if c in df]].to_dict("records")
+    for row in table:  # a run that never reached the target says so
+        for k in ("steps_to_target", "seconds_to_target"):
+            if row.get(k) is None or row[k] != row[k]:
+                row[k] = "never"
     target = df["target_acc"].iloc[0] if len(df) else None
-    sections = [
+    target_line = (f"<p class=muted>target accuracy: {fmt(target)} (95 % of the best final accuracy "
+                   "among these runs)</p>")
+    sections = []
+    agg = aggregate(df) if len(df) else pd.DataFrame()
+    if len(agg) and (agg["seeds"] > 1).any():
+        shown = ["point", "contender", "load", "inject_p", "seeds", "final_acc_text", "steps_to_target_text",
+                 "seconds_to_target_text"]
+        rows = agg[[c for c in shown if c in agg]].rename(columns=lambda c: c.replace("_text", "")).to_dict("records")
+        sections += [
+            ("Time to target against load", _figure(figures.time_to_target(agg), "fig-time-to-target") + target_line),
+            ("Over seeds (mean ± 95 % interval)", f'<div style="overflow-x:auto">{_table(rows, "seeds")}</div>'),
+        ]
+    sections += [
         ("Accuracy against trim rate", _figure(figures.accuracy_vs_trim_rate(df.dropna(subset=["affected_rate"])),
                                                "fig-acc-trim-rate")),
         ("Training curves", _figure(figures.training_overlay(curves), "fig-overlay")),
-        ("Results", f'<div style="overflow-x:auto">{_table(table, "results")}</div>'
-         + f"<p class=muted>target accuracy: {fmt(target)} (95 % of the best final accuracy here)</p>"),
+        ("Results", f'<div style="overflow-x:auto">{_table(table, "results")}</div>' + target_line),
     ]
     out = Path(out)
     out.write_text(_page(f"trimlab comparison of {len(df)} runs", sections))

@@ -91,26 +91,38 @@ class RunData:
 
     @cached_property
     def steps(self) -> pd.DataFrame:
-        """The ps's steps.csv (topology ps), else empty."""
-        if not self.cfg or not self.cfg.ps:
+        """The ps's steps.csv (topology ps); else (a DDP script) rank 0's printed test
+        accuracies with the script's clock (step, t, test_acc); else empty."""
+        if not self.cfg:
             return pd.DataFrame()
-        df = self.agent_csv(self.cfg.ps.name, rundir.STEPS)
-        return df if df is not None else pd.DataFrame()
+        if self.cfg.ps:
+            df = self.agent_csv(self.cfg.ps.name, rundir.STEPS)
+            return df if df is not None else pd.DataFrame()
+        printed = self.progress(self.cfg.workers[0].name)
+        if "test_acc" not in printed or "t" not in printed:
+            return pd.DataFrame()
+        return printed.loc[printed["test_acc"].notna(), ["step", "t", "test_acc"]].reset_index(drop=True)
 
     @cached_property
     def metrics(self) -> pd.DataFrame:
         """Every worker's metrics.csv, with `worker` and `rank`. Where it has no loss (the DDP
         hook sees gradients, not losses), the loss the training script printed in its
-        progress lines is used."""
+        progress lines is used, and a DDP script's own clock (`t` in its lines, the same for
+        trimlab's hook and gloo) replaces the hook's. A DDP script without the hook (comm
+        gloo) has only its printed lines."""
         parts = []
         for rank, w in enumerate(self.cfg.workers if self.cfg else []):
             df = self.agent_csv(w.name, rundir.METRICS)
+            printed = self.progress(w.name)
             if df is None:
-                continue
-            if df["loss"].isna().all():
-                printed = self.progress(w.name)
-                if len(printed):
+                if not len(printed) or "t" not in printed:
+                    continue
+                df = printed[["step", "loss", "t"]].copy()
+            else:
+                if df["loss"].isna().all() and len(printed):
                     df = df.drop(columns="loss").merge(printed[["step", "loss"]], on="step", how="left")
+                if "t" in printed and len(printed):
+                    df = df.drop(columns="t").merge(printed[["step", "t"]], on="step", how="left")
             parts.append(df.assign(worker=w.name, rank=rank))
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 

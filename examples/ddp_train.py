@@ -2,6 +2,8 @@
 package, no download), SGD with momentum, gloo for rendezvous. It runs under torchrun or
 `trimlab run experiments/ddp.yaml`, which sets torchrun's environment on every worker.
 The one trimlab line is the comm hook; `--comm allreduce` runs DDP's own gloo all-reduce.
+`--data mnist1d --model cnn` trains trimlab's MNIST-1D workload instead (the same data and
+model for every contender); `--eval-every N` adds test accuracy to every Nth step line.
 
     torchrun --nproc-per-node 4 examples/ddp_train.py --steps 50
 """
@@ -25,6 +27,10 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--comm", choices=["trimlab", "allreduce"], default="trimlab")
+    ap.add_argument("--data", choices=["digits", "mnist1d"], default="digits",
+                    help="mnist1d: trimlab's MNIST-1D workload (its data and model, the same for every contender)")
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    ap.add_argument("--eval-every", type=int, default=0, help="test accuracy every N steps (0: at the end only)")
     ap.add_argument("--width", type=int, default=64, help="units per hidden layer")
     ap.add_argument("--depth", type=int, default=1, help="hidden layers (2 × 1000 ≈ 1.1 M parameters)")
     ap.add_argument("--save", help="save the final parameters here ({rank} is replaced)")
@@ -33,14 +39,20 @@ def main() -> None:
     dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
-    d = load_digits()
-    x, y = torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
-    cut = int(0.8 * len(x))
-    (xtr, ytr), (xte, yte) = (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
-    sizes = [64] + [args.width] * args.depth
-    layers = [m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
-    model = nn.Sequential(*layers, nn.Linear(sizes[-1], 10))
+    if args.data == "digits" and args.model == "mlp":
+        d = load_digits()
+        x, y = torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
+        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
+        cut = int(0.8 * len(x))
+        (xtr, ytr), (xte, yte) = (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
+        sizes = [64] + [args.width] * args.depth
+        layers = [m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
+        model = nn.Sequential(*layers, nn.Linear(sizes[-1], 10))
+    else:
+        from trimlab.agents import workloads
+        from trimlab.config import WorkloadConfig
+        wl = workloads.build(WorkloadConfig(kind=args.data, model=args.model), args.seed)
+        model, xtr, ytr, xte, yte = wl.model, wl.x_train, wl.y_train, wl.x_test, wl.y_test
     ddp = DDP(model)
     if args.comm == "trimlab":
         from trimlab.agents.ddp_hook import (  # the baseline runs without trimlab
@@ -50,6 +62,15 @@ def main() -> None:
         ddp.register_comm_hook(TrimlabState.from_env(), trimlab_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     g = torch.Generator().manual_seed(1000 * args.seed + rank)  # each rank its own batches
+
+    def accuracy() -> float:
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(xte).argmax(1) == yte).float().mean())
+        model.train()
+        return acc
+
+    start = time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
         idx = torch.randint(len(xtr), (args.batch,), generator=g)
@@ -57,10 +78,12 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        print(json.dumps({"event": "step", "role": "worker", "rank": rank, "step": step,
-                          "loss": round(loss.item(), 5), "step_s": round(time.perf_counter() - t0, 5)}), flush=True)
-    with torch.no_grad():
-        acc = float((model(xte).argmax(1) == yte).float().mean())
+        line = {"event": "step", "role": "worker", "rank": rank, "step": step, "loss": round(loss.item(), 5),
+                "step_s": round(time.perf_counter() - t0, 5), "t": round(time.perf_counter() - start, 4)}
+        if args.eval_every and (step % args.eval_every == args.eval_every - 1 or step == args.steps - 1):
+            line["test_acc"] = round(accuracy(), 5)  # not timed: `t` was taken before
+        print(json.dumps(line), flush=True)
+    acc = accuracy()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print(json.dumps({"event": "done", "rank": rank, "test_acc": round(acc, 5),
                       "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}), flush=True)

@@ -42,6 +42,7 @@ class WorkloadConfig(_Strict):
     """What to train; also the spec's `workload:` section."""
 
     kind: Literal["digits", "synthetic", "mnist1d", "cifar10", "cifar100", "custom", "ddp"] = "digits"
+    data: Literal["digits", "mnist1d"] = Field("digits", description="ddp: the dataset the DDP script trains on")
     model: Literal["mlp", "cnn"] = "mlp"
     steps: int = Field(100, ge=1, le=1_000_000)
     batch: int = Field(64, ge=1, le=65536)
@@ -54,11 +55,16 @@ class WorkloadConfig(_Strict):
                                                    "or cifar-100-python/")
     script: str | None = Field(None, description="ddp: a torch DDP script that registers trimlab's comm "
                                                  "hook (default: examples/ddp_train.py), the same path on every host")
+    comm: Literal["trimlab", "gloo"] = Field("trimlab", description="ddp: trimlab's comm hook (trimmable UDP), "
+                                             "or DDP's own gloo all-reduce over TCP through the same switch "
+                                             "(DSCP 0: the stock reliable path, its queue dropping)")
 
     @model_validator(mode="after")
     def _custom(self):
         if self.script and self.kind != "ddp":
             raise SpecError("workload.script only applies to workload.kind=ddp")
+        if self.comm != "trimlab" and self.kind != "ddp":
+            raise SpecError("workload.comm only applies to workload.kind=ddp (agents always use trimlab)")
         if self.kind == "custom" and not (self.factory and self.dataset):
             raise SpecError("workload.kind=custom needs workload.factory (module:function) and "
                             "workload.dataset (a local path)")

@@ -14,6 +14,7 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +46,11 @@ PACKET_LOG = "packets.csv"  # trimlab.config.PACKET_LOG_FIELDS
 STEPS = "steps.csv"  # the ps: trimlab.config.STEP_FIELDS
 LAYOUT = "layout.json"
 TRUTH_GLOB = "step*-rank*.npy"
+
+
+def point_of(name: str) -> str:
+    """A run's sweep point: its name without the `-s<seed>` that a spec's `seeds` adds."""
+    return re.sub(r"-s\d+$", "", name)
 
 
 def truth_file(step: int, rank: int) -> str:

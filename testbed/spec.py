@@ -317,12 +317,21 @@ class ExperimentSpec(_Strict):
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     truth: TruthSpec = Field(default_factory=TruthSpec)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=list, description="repeat every point with each of these seeds "
+                             "(runs named POINT-s<seed>; comparisons report mean and 95 % interval)")
     extra_points: list[dict[str, Any]] = Field(
         default_factory=list, description="points run after the sweep's product: each maps key paths "
                                           "to values, applied to this spec")
 
     @model_validator(mode="after")
     def _check(self):
+        if self.seeds and "seed" in self.sweep:
+            raise SpecError("seeds: the spec sweeps seed too; give the seeds in one place (seeds: [...])")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise SpecError(f"seeds: {self.seeds} repeats a seed")
+        for s in self.seeds:
+            if not 0 <= s < 1 << 32:
+                raise SpecError(f"seeds: {s} is not a seed (0..2^32-1)")
         for key, values in self.sweep.items():
             if key not in SWEEPABLE:
                 raise SpecError(f"sweep.{key}: cannot be swept; sweepable keys: {', '.join(SWEEPABLE)}")
@@ -349,10 +358,11 @@ class ExperimentSpec(_Strict):
         return self
 
     def points(self) -> list["ExperimentSpec"]:
-        """The sweep's cartesian product, one validated spec each (the spec itself if no sweep)."""
-        if not self.sweep and not self.extra_points:
+        """The sweep's cartesian product then the extra points, each once per seed of
+        `seeds`, one validated spec each (the spec itself if there is none of these)."""
+        if not self.sweep and not self.extra_points and not self.seeds:
             return [self]
-        base = self.model_dump(exclude={"sweep", "extra_points"})
+        base = self.model_dump(exclude={"sweep", "extra_points", "seeds"})
         keys = list(self.sweep)
         combos = [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))] \
             if keys else [{}]
@@ -366,11 +376,16 @@ class ExperimentSpec(_Strict):
                 except SpecError as exc:
                     raise SpecError(f"{where}: {exc}") from None
             label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in changes.items()) or "base"
-            data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.name}-{i:03d}-{label}")[:64]
-            try:
-                out.append(validated(ExperimentSpec, data))
-            except SpecError as exc:
-                raise SpecError(f"{where} ({label}): {exc}") from None
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.name}-{i:03d}-{label}")[:64 - (12 if self.seeds else 0)]
+            for seed in self.seeds or [None]:
+                one = copy.deepcopy(data)
+                one["name"] = name if seed is None else f"{name}-s{seed}"
+                if seed is not None:
+                    one["seed"] = seed
+                try:
+                    out.append(validated(ExperimentSpec, one))
+                except SpecError as exc:
+                    raise SpecError(f"{where} ({label}): {exc}") from None
         return out
 
 

@@ -56,14 +56,24 @@ def ps(p: Placement, config: str, out: str) -> list[str]:
 
 
 def ddp(p: Placement, spec: ExperimentSpec, rank: int, config: str, out: str) -> tuple[list[str], dict]:
-    """The DDP script on worker `rank` with torchrun's environment: gloo meets on the
-    management network at rank 0, gradients go through the switch via the comm hook."""
+    """The DDP script on worker `rank` with torchrun's environment. With comm trimlab, gloo
+    meets on the management network at rank 0 and gradients go through the switch via the
+    comm hook; with comm gloo, gloo itself (rendezvous and all-reduce, TCP, DSCP 0) runs on
+    the data network, through the same switch: the stock reliable path."""
     wl, w = spec.workload, p.workers[rank]
-    env = {"MASTER_ADDR": p.hosts[p.workers[0].name].address, "MASTER_PORT": str(RENDEZVOUS_PORT),
+    gloo = wl.comm == "gloo"
+    first = p.workers[0]
+    master = p.addr(first, spec.transport.ipv6) if gloo else p.hosts[first.name].address
+    env = {"MASTER_ADDR": master, "MASTER_PORT": str(RENDEZVOUS_PORT),
            "RANK": str(rank), "WORLD_SIZE": str(len(p.workers)), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "TRIMLAB_CONFIG": config, "TRIMLAB_OUT": out}
+    if gloo:
+        env["GLOO_SOCKET_IFNAME"] = (p.rack.vars | w.vars).get("data_if", "eth1")
+    elif p.rack.virtual:
+        env["GLOO_SOCKET_IFNAME"] = "eth0"  # the management network
     if p.rack.virtual:  # every virtual host shares this machine's cores
-        env |= {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        env["OMP_NUM_THREADS"] = "1"
     argv = [p.python(w.name), ddp_script(spec), "--steps", str(wl.steps), "--batch", str(wl.batch),
-            "--lr", str(wl.lr), "--seed", str(spec.seed), "--comm", "trimlab"]
+            "--lr", str(wl.lr), "--seed", str(spec.seed), "--comm", "allreduce" if gloo else "trimlab",
+            "--data", wl.data, "--model", wl.model, "--eval-every", str(wl.eval_every)]
     return argv, env

@@ -30,6 +30,22 @@ def test_defaults_and_sweep_points():
     assert s.points()[0].congestion.background[0].rate == "30mbit"
 
 
+def test_seeds_repeat_every_point():
+    s = spec(sweep={"codec.name": ["embedded", "fp32"]}, seeds=[3, 7],
+             extra_points=[{"congestion.inject_probability": 0.1}])
+    pts = s.points()
+    assert [(p.name, p.seed) for p in pts] == [
+        ("t-000-name_embedded-s3", 3), ("t-000-name_embedded-s7", 7), ("t-001-name_fp32-s3", 3),
+        ("t-001-name_fp32-s7", 7), ("t-002-inject_probability_0.1-s3", 3), ("t-002-inject_probability_0.1-s7", 7)]
+    from trimlab.rundir import point_of
+    assert point_of(pts[1].name) == "t-000-name_embedded" and point_of("t-000-x") == "t-000-x"
+    assert [p.seed for p in spec(seeds=[5, 6]).points()] == [5, 6]
+    with pytest.raises(SpecError, match="seeds: the spec sweeps seed too"):
+        spec(seeds=[1], sweep={"seed": [1, 2]})
+    with pytest.raises(SpecError, match=r"seeds: \[1, 1\] repeats a seed"):
+        spec(seeds=[1, 1])
+
+
 def test_set_overrides_apply_before_validation(tmp_path):
     s = load_experiment(str(ROOT / "experiments/default.yaml"),
                         ["workload.steps=7", "codec.params={planes: 8}", "congestion.inject_probability=0.25"])

@@ -2,6 +2,7 @@
 fetched), fixed div ids, deterministic, every section present; figure functions return
 figures with data."""
 
+import json
 import re
 
 import pandas as pd
@@ -84,3 +85,35 @@ def test_loss_from_the_scripts_progress_lines_when_metrics_have_none(run_dir):
         f'{{"event": "step", "role": "worker", "rank": 0, "step": {k}, "loss": {3.0 - k}}}\n' for k in range(4)))
     metrics = RunData.open(run_dir).metrics
     assert list(metrics.loc[metrics["worker"] == "s-w1", "loss"]) == [3.0, 2.0, 1.0, 0.0]
+
+
+def test_interval_arithmetic():
+    assert report.mean_ci95([]) == (None, None)
+    assert report.mean_ci95([0.5]) == (0.5, None)
+    mean, ci = report.mean_ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and ci == pytest.approx(4.303 * 1.0 / 3 ** 0.5)
+    mean, ci = report.mean_ci95([1.0] * 40 + [3.0] * 40)
+    assert ci == pytest.approx(1.96 * (80 / 79) ** 0.5 / 80 ** 0.5)
+
+
+def test_seeds_aggregate_with_intervals_and_never(tmp_path):
+    """Two points × three seeds: one reaches the target on every seed, the other on none
+    ("never", not a number); the comparison page opens with the headline figure."""
+    runs = []
+    for point, steps in (("h-000-fast", 4), ("h-001-slow", 2)):
+        for seed in (1, 2, 3):
+            runs.append(Synth(steps=steps).write(tmp_path / "sweep" / f"{point}-s{seed}"))
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps([r.name for r in runs]))
+    df, _ = report.results([tmp_path / "sweep"])
+    assert list(df["point"].unique()) == ["h-000-fast", "h-001-slow"]
+    agg = report.aggregate(df)
+    fast, slow = agg.iloc[0], agg.iloc[1]
+    assert fast["seeds"] == 3 and fast["steps_to_target_mean"] == 3 and fast["steps_to_target_ci95"] == 0
+    assert fast["steps_to_target_never"] == 0 and fast["final_acc_text"].startswith("0.8")
+    assert pd.isna(slow["steps_to_target_mean"]) and slow["steps_to_target_never"] == 3
+    assert slow["steps_to_target_text"] == "never" and slow["seconds_to_target_text"] == "never"
+    page = report.compare([tmp_path / "sweep"], tmp_path / "cmp.html").read_text()
+    assert page.index('id="fig-time-to-target"') < page.index('id="fig-acc-trim-rate"')
+    assert 'id="seeds"' in page and "never" in page and "target accuracy: 0.76" in page
+    mixed = report.aggregate(df.assign(point="all"))
+    assert mixed.iloc[0]["steps_to_target_text"] == "3 ± 0 (never in 3 of 6)"
