@@ -294,9 +294,53 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
     return out
 
 
+def gloo_checks(run: RunData) -> list[dict]:
+    """A DDP run over gloo has no trimlab packets: its TCP between the workers is counted
+    where it left (sender captures), where it arrived (receiver captures) and where the
+    switch dropped it (DROP_PKTS of the queue its DSCP maps to, on the workers' ports)."""
+    captures = {w.name: run.capture(w.name) for w in run.cfg.workers}
+    out, lost = _capture_checks(run, {"captures": captures})
+    addrs = {w.name: run.hosts.get(w.name, {}).get("addr") for w in run.cfg.workers}
+    peers = set(addrs.values())
+    sent = recv = 0
+    for name, cap in captures.items():
+        if cap is None:
+            return out + [_check("gloo sent = received + dropped", "captures · switch", "-", "-", NA,
+                                 f"no capture of {name}: capture.points must include the workers")]
+        tcp = cap[(cap["proto"] == 6) & cap["src"].isin(peers) & cap["dst"].isin(peers)]
+        sent += int((tcp["src"] == addrs[name]).sum())
+        recv += int((tcp["dst"] == addrs[name]).sum())
+    counters = run.counters
+    if counters is None:
+        return out + [_check("gloo sent = received + dropped", "captures", sent, recv, AGREE if sent == recv else NA,
+                             "no switch counters: packets sent and received only")]
+    queue = (run.profile or {}).get("dscp_to_tc", {}) or {}
+    tc = int(queue.get(0, queue.get("0", 0)))
+    ports = [run.hosts.get(n, {}).get("port") for n in captures]
+    drops = sum(counters["queues"][p][tc]["DROP_PKTS"] + counters["queues"][p][tc]["TRIM_DRP_PKTS"]
+                for p in ports if p in counters.get("queues", {}))
+    background = bool(run.spec.get("congestion", {}).get("background"))
+    tolerance = sum(lost.values())
+    if background:  # the queue also dropped background packets, which no capture saw leave
+        ok = 0 <= sent - recv <= drops
+        status = AGREE if ok else EXPLAINED if sent - recv - drops <= tolerance else DISAGREE
+        detail = (f"{sent - recv} gloo packets never arrived; the switch dropped {drops} packets in queue {tc} "
+                  "of the workers' ports (background flows' included)")
+        return out + [_check("gloo sent - received ≤ dropped", "sender and receiver captures · switch queues",
+                             drops, sent - recv, status, detail)]
+    got = recv + drops
+    status = AGREE if got == sent else EXPLAINED if abs(sent - got) <= tolerance else DISAGREE
+    return out + [_check("gloo sent = received + dropped", "sender and receiver captures · switch queues", sent, got,
+                         status, f"TCP between the workers: {sent} left the senders, {recv} arrived, the switch "
+                         f"dropped {drops} in queue {tc} of the workers' ports")]
+
+
 # -- the files ----------------------------------------------------------------------------------
 
 def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
+    wl = run.spec.get("workload", {})
+    if wl.get("kind") == "ddp" and wl.get("comm") == "gloo":
+        return pd.DataFrame(columns=COLUMNS), gloo_checks(run)
     rows, side = packet_table(run)
     return rows, checks(run, rows, side)
 

@@ -296,6 +296,7 @@ class TruthSpec(_Strict):
 
 
 SWEEPABLE = ("seed", "topology", "profile", "codec.name", "codec.params", "workload.lr", "workload.batch",
+             "workload.comm", "workload.data", "workload.model",
              "transport.dscp", "transport.pacing", "congestion.incast", "congestion.inject_probability",
              "congestion.inject_action", "rack.virtual.rate", "rack.virtual.buffer_bytes")
 

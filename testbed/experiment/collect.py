@@ -52,6 +52,10 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
     if before.exists() and after.exists():
         b, a = json.loads(before.read_text())["switch"], json.loads(after.read_text())["switch"]
         out["switch"] = {k: a[k] - b[k] for k in a}
+    for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
+        if w.name not in finals and rank in script_results and script_results[rank].checksum:
+            done = script_results[rank]
+            finals[w.name] = {"role": "worker", "rank": rank, "checksum": done.checksum, "test_acc": done.test_acc}
     workers = {n: f for n, f in finals.items() if f.get("role") == "worker"}
     for f in workers.values():  # the DDP hook knows gradients, the script its accuracy
         if f.get("test_acc") is None and f.get("rank") in script_results:

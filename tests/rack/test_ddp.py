@@ -28,17 +28,22 @@ def _root():
 
 
 def test_ddp_script_trains_through_trims_with_identical_parameters(tmp_path):
+    """The hook with and without injected trims, and the stock path (DDP's gloo all-reduce,
+    TCP through the same switch) as a point of the same sweep, its packets matched by the
+    switch's counters and both ends' captures."""
     spec = write_spec(tmp_path, name="ddp", topology="sharded", seed=3,
                       rack={"virtual": {"workers": 4, "traffic_hosts": 0, "rate": "100mbit", "buffer_bytes": 4000000}},
                       workload={"kind": "ddp", "steps": 30, "batch": 64, "lr": 0.1},
                       codec={"name": "embedded", "params": {"planes": 16}, "coords": 480},
                       transport={"deadline_ms": 500}, capture={"points": ["workers"]}, truth={"every": 10},
-                      sweep={"congestion.inject_probability": [0.0, 0.3]})
-    out = trimlab_run(spec, tmp_path / "runs", timeout=600)
+                      sweep={"congestion.inject_probability": [0.0, 0.3]},
+                      extra_points=[{"workload.comm": "gloo"}])
+    out = trimlab_run(spec, tmp_path / "runs", timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     sweep = next((tmp_path / "runs").iterdir())
-    runs = {manifest(d)["spec"]["congestion"]["inject_probability"]: d
+    runs = {(manifest(d)["spec"]["workload"]["comm"], manifest(d)["spec"]["congestion"]["inject_probability"]): d
             for d in sweep.iterdir() if d.is_dir() and (d / "manifest.json").exists()}
+    assert sorted(runs) == [("gloo", 0.0), ("trimlab", 0.0), ("trimlab", 0.3)]
     for p, d in runs.items():
         m = manifest(d)
         assert m["status"] == "succeeded", m["reason"]
@@ -48,10 +53,15 @@ def test_ddp_script_trains_through_trims_with_identical_parameters(tmp_path):
         checks = json.loads((d / "checks.json").read_text())
         assert checks["all_agree"], [c for c in checks["checks"] if c["status"] != "agree"]
         assert_nothing_left(m["rack_id"], d.name)
-    clean, trimmed = manifest(runs[0.0])["results"], manifest(runs[0.3])["results"]
+    clean, trimmed = manifest(runs["trimlab", 0.0])["results"], manifest(runs["trimlab", 0.3])["results"]
     assert clean["switch"]["TRIM_PKTS"] == 0 and trimmed["switch"]["TRIM_PKTS"] > 0
-    rows = pd.read_parquet(runs[0.3] / "packets.parquet")
+    rows = pd.read_parquet(runs["trimlab", 0.3] / "packets.parquet")
     assert 0.2 < rows["trimmed"].mean() < 0.4 and rows["receiver"].nunique() == 4
+    gloo = manifest(runs["gloo", 0.0])["results"]
+    assert gloo["switch"]["TX_PKTS"] > 1000  # gloo's TCP crossed the switch
+    checks = {c["check"]: c for c in json.loads((runs["gloo", 0.0] / "checks.json").read_text())["checks"]}
+    assert checks["gloo sent = received + dropped"]["expected"] > 1000
+    assert 'id="fig-acc-trim-rate"' in (sweep / "report.html").read_text()
 
 
 def test_bench_ddp_quick():
