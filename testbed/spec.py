@@ -151,6 +151,9 @@ class TrimProfile(BaseModel):
                                           "and network-facing ports (the inventory says which is which)")
     queue: int | Literal["dynamic"] = Field(7, description="queue of trimmed packets, or dynamic")
     eligible_queues: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    discard_action: Literal["trim", "drop"] = Field(
+        "trim", description="what the eligible queues do with a packet over their budget: trim, or drop "
+        "(the baseline: the same queues and budgets, dropping)")
     dscp_to_tc: dict[int, int] | None = Field(None, description="default: DSCP >> 3 (class selector)")
     buffer: BufferSpec = Field(default_factory=BufferSpec)
     port_speed_mbps: int | None = Field(None, ge=1, le=800_000)
@@ -393,7 +396,9 @@ class ExperimentSpec(_Strict):
 def _label(v) -> str:
     if isinstance(v, dict):
         return "_".join(f"{k}{w}" for k, w in v.items())
-    return str(len(v)) if isinstance(v, list) else str(v)
+    if isinstance(v, list):  # e.g. background flows: their rates
+        return "+".join(str(x.get("rate", len(x))) if isinstance(x, dict) else str(x) for x in v) or "none"
+    return str(v)
 
 
 def set_path(data: dict, path: str, value) -> None:

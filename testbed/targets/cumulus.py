@@ -25,6 +25,9 @@ class Cumulus(SwitchTarget):
         if profile.exempt_sources:
             raise self.fail("exempt_sources", profile.exempt_sources,
                             "none: Cumulus has no DISABLE_TRIM ACL action")
+        if profile.discard_action != "trim":
+            raise self.fail("discard_action", profile.discard_action,
+                            "trim only (to drop, leave packet trimming disabled)")
         if profile.dscp_to_tc is not None:
             raise self.fail("dscp_to_tc", "...", "none: set Cumulus QoS mappings with nv set qos mapping")
 

@@ -68,7 +68,7 @@ MALFORMED = [
     ({"rack": {"virtual": {"mtu": 100}}}, "rack.virtual.mtu: Input should be greater than or equal to 1280"),
     ({"rack": {"virtual": {"traffic_hosts": 5}}}, "rack.virtual.traffic_hosts: Input should be less than or equal to 2"),
     ({"rack": {"cloud": True}}, "rack.cloud: Extra inputs are not permitted"),
-    ({"profile": "nope"}, "profile 'nope' not found; profiles: asymmetric, cumulus-default, default, sonic-default"),
+    ({"profile": "nope"}, "profile 'nope' not found; profiles: asymmetric, cumulus-default, default, drop, sonic-default"),
     ({"workload": {"kind": "imagenet"}}, "workload.kind: must be one of 'digits', 'synthetic', 'mnist1d', 'cifar10', "
                                          "'cifar100', 'custom' or 'ddp'"),
     ({"workload": {"kind": "cifar10"}}, "workload.kind=cifar10 needs workload.dataset: the local directory"),
