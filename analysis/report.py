@@ -90,7 +90,8 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     flows = c.get("background", [])
     out = {"run": m.get("name", run.path.name), "point": rundir.point_of(m.get("name", run.path.name)),
            "seed": spec.get("seed"), "status": m.get("status"), "reason": m.get("reason"),
-           "comm": comm, "contender": contender(comm, spec.get("codec", {}).get("name"), c),
+           "comm": comm, "contender": contender(comm, spec.get("codec", {}).get("name"), c,
+                                                (run.profile or {}).get("discard_action", "trim")),
            "load": " + ".join(f["rate"] for f in flows) if flows else "none",
            "codec": spec.get("codec", {}).get("name"), "topology": spec.get("topology"),
            "inject_p": c.get("inject_probability", 0.0), "action": c.get("inject_action", "trim"),
@@ -109,12 +110,13 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     return out
 
 
-def contender(comm: str, codec: str | None, congestion: dict) -> str:
-    """What competes in a comparison: gloo, or trimlab with its switch action and codec."""
+def contender(comm: str, codec: str | None, congestion: dict, discard_action: str = "trim") -> str:
+    """What competes in a comparison: gloo, or trimlab with what the switch does to its
+    packets (the injected action where injection is on, else the profile's) and its codec."""
     if comm == "gloo":
         return "gloo (TCP, drop)"
-    action = congestion.get("inject_action", "trim") if congestion.get("inject_probability") else None
-    return f"trimlab {action or 'trim'} {codec}"
+    action = congestion.get("inject_action", "trim") if congestion.get("inject_probability") else discard_action
+    return f"trimlab {action} {codec}"
 
 
 # two-sided 95 % quantiles of Student's t, by degrees of freedom (1..30); 1.96 beyond

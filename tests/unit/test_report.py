@@ -117,3 +117,13 @@ def test_seeds_aggregate_with_intervals_and_never(tmp_path):
     assert 'id="seeds"' in page and "never" in page and "target accuracy: 0.76" in page
     mixed = report.aggregate(df.assign(point="all"))
     assert mixed.iloc[0]["steps_to_target_text"] == "3 ± 0 (never in 3 of 6)"
+
+
+def test_contenders_are_named_by_what_the_switch_does():
+    assert report.contender("gloo", "embedded", {}) == "gloo (TCP, drop)"
+    assert report.contender("trimlab", "embedded", {}) == "trimlab trim embedded"
+    assert report.contender("trimlab", "embedded", {}, "drop") == "trimlab drop embedded"  # profile drop
+    inj = {"inject_probability": 0.1, "inject_action": "drop"}
+    assert report.contender("trimlab", "sign_tail", inj) == "trimlab drop sign_tail"
+    assert report.contender("trimlab", "sign_tail", {"inject_probability": 0.0, "inject_action": "drop"}) == \
+        "trimlab trim sign_tail"
