@@ -82,9 +82,13 @@ class ShardedAllReduce:
         return self.node.expect(step, self.wire_bucket(index, self.rank), self.others, hi - lo, self.deadline_s)
 
     def reduce_scatter(self, flat: torch.Tensor, step: int, index: int = 0,
-                       coll: Collector | None = None) -> tuple[torch.Tensor, dict]:
+                       coll: Collector | None = None, proof=None) -> tuple[torch.Tensor, dict]:
         """This rank's shard of the mean of `flat` over all ranks, and the packet-log rows of
-        what it received. `coll` is the collector `expect` opened, if it was opened early."""
+        what it received. `coll` is the collector `expect` opened, if it was opened early.
+        `proof(rank)`: the (step, shard) of a broadcast that peer `rank` makes only after
+        sending us this bucket; once every peer's newest broadcast reached it, a bucket of
+        which nothing arrived was lost whole, and the step goes on after the deadline
+        instead of waiting for the step timeout."""
         bounds = shard_bounds(flat.numel(), self.world)
         lo, hi = bounds[self.rank]
         coll = coll or self.expect(step, index, flat.numel())
@@ -106,7 +110,11 @@ class ShardedAllReduce:
         if coll is None:
             return flat[lo:hi], {}
         t = time.monotonic()
-        self.node.collect(coll, self._timeout(step, "step_s"))
+        sent = None
+        if proof is not None:  # a peer whose broadcasts reached proof(rank) has sent us its shard
+            rank_of = {a: r for r, a in self.others.items()}
+            sent = lambda a: self.node.newest_params.get(a, (-1, -1)) >= proof(rank_of[a])  # noqa: E731
+        self.node.collect(coll, self._timeout(step, "step_s"), sent)
         t = self._phase("wait_ms", t)
         red = coll.reduce(local=flat[lo:hi])
         self._phase("decode_ms", t)

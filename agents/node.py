@@ -57,6 +57,7 @@ class Node:
         self.early_bytes, self.early_max_bytes = 0, 8 << 20
         self.discarded: collections.Counter = collections.Counter()
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
+        self.newest_params: dict[str, tuple[int, int]] = {}  # peer address -> newest (step, shard) it broadcast
         self.bye = False
 
     def state(self) -> str:
@@ -153,6 +154,7 @@ class Node:
         body = d.payload[CTRL.size:]
         if kind == PARAMS:
             key = (src, step, shard)
+            self.newest_params[src] = max(self.newest_params.get(src, (-1, -1)), (step, shard))
             if key in self.completed:  # a retransmission: our ACK was lost, send it again
                 return key
             asm = self.assemblies.get(key)
@@ -235,11 +237,18 @@ class Node:
             coll.add(a)
         return coll
 
-    def collect(self, coll: Collector, step_timeout_s: float) -> Collector:
-        """Receive until the collector is complete or its deadline passed."""
+    def collect(self, coll: Collector, step_timeout_s: float, sent=None) -> Collector:
+        """Receive until the collector is complete or its deadline passed. The deadline runs
+        from the first packet; when none came, `sent(addr)` (if given) tells whether that
+        peer has certainly sent its packets already (it is past them): once all have and a
+        deadline passed since the collector opened, every packet was lost, and waiting
+        longer would only stall the step."""
         while not coll.complete:
             now = time.monotonic()
             if coll.expired(now):
+                break
+            if (coll.first is None and sent is not None and now - coll.opened > coll.deadline_s
+                    and all(sent(a) for a in coll.ranks.values())):
                 break
             if coll.first is None and now - coll.opened > step_timeout_s:
                 names = ", ".join(self.name_of(a) for a in coll.ranks.values())
