@@ -261,9 +261,11 @@ def _curve(run: RunData) -> pd.DataFrame:
     return c
 
 
-def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+def results(paths: list[str | Path], target_fraction: float = 0.95,
+            target: float | None = None) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """One row per run (summary plus time to target accuracy) and each run's curve. The
-    target is `target_fraction` of the best final accuracy among the runs."""
+    target: `target`, else the runs' spec's `target_accuracy`, else `target_fraction` of
+    the best final accuracy among the runs (`target_source` says which)."""
     runs = [RunData.open(p) for p in expand(paths)]
     rows, curves = [], {}
     for run in runs:
@@ -273,8 +275,14 @@ def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.
         rows.append(row)
         curves[row["run"]] = _curve(run)
     df = pd.DataFrame(rows)
-    best = df["final_acc"].max() if "final_acc" in df and df["final_acc"].notna().any() else None
-    target = target_fraction * best if best is not None else None
+    source = "given"
+    if target is None:
+        target = next((r.spec.get("target_accuracy") for r in runs if r.spec.get("target_accuracy") is not None), None)
+        source = "the spec's target_accuracy"
+    if target is None:
+        best = df["final_acc"].max() if "final_acc" in df and df["final_acc"].notna().any() else None
+        target = target_fraction * best if best is not None else None
+        source = f"{100 * target_fraction:g} % of the best final accuracy among these runs"
     to_step, to_s = [], []
     for name in df["run"]:
         c = curves[name]
@@ -282,14 +290,15 @@ def results(paths: list[str | Path], target_fraction: float = 0.95) -> tuple[pd.
         to_step.append(int(hit["step"].iloc[0]) if len(hit) else None)
         to_s.append(float(hit["t"].iloc[0]) if len(hit) else None)
     df["target_acc"] = target
+    df["target_source"] = source
     df["steps_to_target"], df["seconds_to_target"] = to_step, to_s
     if "affected_rate" not in df:
         df["affected_rate"] = None
     return df, curves
 
 
-def compare(paths: list[str | Path], out: str | Path) -> Path:
-    df, curves = results(paths)
+def compare(paths: list[str | Path], out: str | Path, target: float | None = None) -> Path:
+    df, curves = results(paths, target=target)
     cols = ["run", "status", "contender", "load", "codec", "inject_p", "action", "background_flows",
             "trimmed_rate", "dropped_rate", "final_acc", "steps_to_target", "seconds_to_target",
             "median_nmse_trimmed", "wall_s"]
@@ -299,8 +308,8 @@ def compare(paths: list[str | Path], out: str | Path) -> Path:
             if row.get(k) is None or row[k] != row[k]:
                 row[k] = "never"
     target = df["target_acc"].iloc[0] if len(df) else None
-    target_line = (f"<p class=muted>target accuracy: {fmt(target)} (95 % of the best final accuracy "
-                   "among these runs)</p>")
+    source = df["target_source"].iloc[0] if len(df) else ""
+    target_line = f"<p class=muted>target accuracy: {fmt(target)} ({html.escape(source)})</p>"
     sections = []
     agg = aggregate(df) if len(df) else pd.DataFrame()
     if len(agg) and (agg["seeds"] > 1).any():

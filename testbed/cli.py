@@ -319,7 +319,9 @@ def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. e
 @app.command()
 def report(runs: list[str] = typer.Argument(..., help="run directories, or a sweep directory"),
            out: str = typer.Option(None, "-o", "--out", help="output HTML (default: RUN/report.html for "
-                                   "one run, SWEEP/report.html for a sweep, else ./comparison.html)")):
+                                   "one run, SWEEP/report.html for a sweep, else ./comparison.html)"),
+           target: float = typer.Option(None, "--target", help="the accuracy to time runs to (default: the "
+                                        "spec's target_accuracy, else 95 % of the best final accuracy)")):
     """Write a run's interactive report (packets.parquet, checks.json, report.html), or one
     page comparing several runs or a sweep's points."""
     from trimlab.analysis import (
@@ -334,7 +336,7 @@ def report(runs: list[str] = typer.Argument(..., help="run directories, or a swe
     if out is None:
         out = str(paths[0] / rundir.REPORT) if len(paths) == 1 else "comparison.html"
     runs_found = rep.expand(paths)
-    console.print(f"comparison of {len(runs_found)} runs: {rep.compare(paths, out)}")
+    console.print(f"comparison of {len(runs_found)} runs: {rep.compare(paths, out, target)}")
 
 
 @app.command("runs")

@@ -321,6 +321,8 @@ class ExperimentSpec(_Strict):
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     truth: TruthSpec = Field(default_factory=TruthSpec)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="the test accuracy comparisons time "
+                                          "runs to (default: 95 % of the best final accuracy among them)")
     seeds: list[int] = Field(default_factory=list, description="repeat every point with each of these seeds "
                              "(runs named POINT-s<seed>; comparisons report mean and 95 % interval)")
     extra_points: list[dict[str, Any]] = Field(
