@@ -32,22 +32,20 @@ def test_batches_drain_what_is_queued_and_wait_only_for_the_first():
     rx = Receiver("127.0.0.1", 0)
     tx = Sender("127.0.0.1", rx.port)
     for i in range(150):  # well inside the default receive buffer ceiling
-        tx.send(struct.pack("!I", i))
-    time.sleep(0.1)
+        tx.send(struct.pack("!I", i))  # loopback delivers within sendto: all queued now
     assert len(rx.recv_batch(max_packets=100)) == 100
     assert len(rx.recv_batch(max_packets=100)) == 50
     t0 = time.monotonic()
     assert rx.recv_batch(timeout=0.2) == []
-    assert 0.15 < time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 >= 0.15  # it waited (no upper bound: a loaded machine is slow)
 
 
 def test_pacing_holds_the_rate():
     rx = Receiver("127.0.0.1", 0)
+    t0 = time.perf_counter()  # before the sender: its schedule starts at its construction
     tx = Sender("127.0.0.1", rx.port, rate_bps=8_000_000)  # 1 MB/s
-    t0 = time.perf_counter()
-    tx.send_all(b"\0" * 1000 for _ in range(200))  # 200 kB
-    elapsed = time.perf_counter() - t0
-    assert 0.18 < elapsed < 0.6
+    tx.send_all(b"\0" * 1000 for _ in range(200))  # 200 kB: the last leaves ≥ 199 ms after the first
+    assert time.perf_counter() - t0 >= 0.199  # paced: never faster (no upper bound: load only slows it)
 
 
 def test_bad_values():
