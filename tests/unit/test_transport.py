@@ -67,14 +67,9 @@ def test_command_line_send_and_receive():
     assert helptext.returncode == 0 and "send" in helptext.stdout
 
 
-@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
-def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
-    """Runs of equal sizes (at most 64, a shorter datagram ends one) leave in one system
-    call each; every datagram arrives whole, in order, with its own DSCP."""
-    rx = Receiver(addr, 0)
-    tx = Sender(addr, rx.port, dscp=10)
-    calls = []
-    real = tx.sock
+def count_sendmsg(tx: Sender) -> list[int]:
+    """Wrap the sender's socket: the list fills with the bytes of every sendmsg call."""
+    calls, real = [], tx.sock
 
     class Counting:
         def __getattr__(self, name):
@@ -84,6 +79,16 @@ def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
             calls.append(len(a[0][0]))
             return real.sendmsg(*a)
     tx.sock = Counting()
+    return calls
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
+    """Runs of equal sizes (at most 64, a shorter datagram ends one) leave in one system
+    call each; every datagram arrives whole, in order, with its own DSCP."""
+    rx = Receiver(addr, 0)
+    tx = Sender(addr, rx.port, dscp=10)
+    real, calls = tx.sock, count_sendmsg(tx)
     sizes = [1000] * 100 + [300] + [500] * 70 + [64]
     payloads = [struct.pack("!I", i) + bytes(n - 4) for i, n in enumerate(sizes)]
     tx.send_all(payloads)
@@ -139,17 +144,7 @@ def test_frames_leave_from_the_array_in_gso_runs(addr):
     assert (frames.length < frames.data.shape[1]).sum() >= 1  # the last span's shorter packet
     rx = Receiver(addr, 0)
     tx = Sender(addr, rx.port, dscp=10)
-    calls = []
-    real = tx.sock
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def sendmsg(self, *a):
-            calls.append(len(a[0][0]))
-            return real.sendmsg(*a)
-    tx.sock = Counting()
+    real, calls = tx.sock, count_sendmsg(tx)
     tx.send_frames(frames)
     got = []
     deadline = time.monotonic() + 30
