@@ -15,7 +15,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -40,6 +39,8 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     if args.data == "digits" and args.model == "mlp":
+        from sklearn.datasets import load_digits  # heavy (scipy): only for this workload
+
         d = load_digits()
         x, y = torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))

@@ -336,6 +336,13 @@ class Fleet:
             raise RemoteError("; ".join(errors))
         return fleet
 
+    def each(self, fn: Callable[[str, Session], object]) -> dict[str, object]:
+        """fn(name, session) on every host at once (each host's SSH round trips overlap
+        the others'); the results by host, or the first host's exception raised."""
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(self.sessions)))) as pool:
+            futures = {n: pool.submit(fn, n, s) for n, s in self.sessions.items()}
+            return {n: f.result() for n, f in futures.items()}
+
     def close(self) -> None:
         for s in self.sessions.values():
             s.close()

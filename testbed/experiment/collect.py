@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from trimlab import remote, rundir
 from trimlab.errors import TrimlabError
@@ -17,15 +18,19 @@ def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remot
     """Each host's remote directory into agents/<host>/ (pcaps, truth and the occupancy
     series where the layout puts them), then removed there. Best effort: what failed is
     recorded in the manifest."""
-    errors = []
-    for name, rdir in remote_dirs.items():
+    def one(name: str, s: remote.Session) -> list[Path] | str:
         try:
-            s = fleet.sessions[name]
-            got = s.get_tree(rdir, run.path / rundir.AGENTS / name)
-            s.run(["rm", "-rf", rdir], timeout=60)
+            got = s.get_tree(remote_dirs[name], run.path / rundir.AGENTS / name)
+            s.run(["rm", "-rf", remote_dirs[name]], timeout=60)
             s.run(["rmdir", "--ignore-fail-on-non-empty", remote_root], timeout=60)
+            return got
         except (TrimlabError, OSError, EOFError) as exc:
-            errors.append(f"{name}: {exc}")
+            return f"{name}: {exc}"
+
+    errors = []
+    for got in fleet.each(one).values():  # every host at once
+        if isinstance(got, str):
+            errors.append(got)
             continue
         for f in got:
             if f.parent.name == rundir.PCAPS:

@@ -4,6 +4,7 @@ everything, collect and compute the results."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -28,6 +29,15 @@ class Execution:
         self.fleet: remote.Fleet | None = None
         self.monitor = Monitor(run.path / rundir.LOGS, spec.workload.steps)
         self.t0 = time.monotonic()
+        self.phases: dict[str, float] = {}  # seconds per phase, in the manifest as phases_s
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - t, 2)
 
     def rdir(self, host: str, *parts: str) -> str:
         return "/".join([self.remote_dir, host, *parts])
@@ -49,10 +59,11 @@ class Execution:
         self.fleet = remote.Fleet.connect(list(self.p.hosts.values()))
         cfg_path = self.run.path / rundir.AGENT_CONFIG
         self.cfg.write(cfg_path)
-        for name in self.p.hosts:
-            s = self.session(name)
+
+        def one(name: str, s: remote.Session) -> None:
             s.run(["mkdir", "-p", self.rdir(name)], timeout=30).check()
             s.put(cfg_path, self.rdir(name, rundir.AGENT_CONFIG))
+        self.fleet.each(one)
         self.run.record(hosts=self.facts(), agent_config=self.cfg.model_dump(mode="json"))
         if self.p.switch.os == "vswitch":
             self.counters(rundir.COUNTERS_BEFORE)
@@ -60,8 +71,8 @@ class Execution:
     def facts(self) -> dict:
         """Per host: kernel, management address, role, data addresses and switch port (the
         analysis reads these from the manifest)."""
-        def one(name: str) -> dict:
-            r = self.session(name).run(["uname", "-r"], timeout=20)
+        def one(name: str, s: remote.Session) -> dict:
+            r = s.run(["uname", "-r"], timeout=20)
             entry = self.p.entry(name)
             out = {"kernel": r.stdout.strip(), "address": self.p.hosts[name].address,
                    "role": getattr(entry, "role", "switch")}
@@ -69,7 +80,7 @@ class Execution:
                 out |= {k: entry.vars[k] for k in ("data_ipv4", "data_ipv6") if entry.vars.get(k)}
                 out["switch_port"] = self.p.switch_port(name)
             return out
-        return {name: one(name) for name in self.p.hosts}
+        return self.fleet.each(one)
 
     def counters(self, filename: str) -> dict:
         r = self.session(self.p.switch.name).run(launch.counters(self.p, self._rack_args()), timeout=60).check()
@@ -135,20 +146,24 @@ class Execution:
 
     def execute(self) -> dict:
         try:
-            self.prepare()
-            self.start_observers()
-            self.start_traffic()
-            self.start_training()
-            self.wait_training()
+            for name, step in (("prepare", self.prepare), ("observers", self.start_observers),
+                               ("traffic", self.start_traffic), ("launch", self.start_training),
+                               ("training", self.wait_training)):
+                with self.phase(name):
+                    step()
         finally:
-            self.monitor.stop()
+            with self.phase("stop"):
+                self.monitor.stop()
             if self.fleet is not None:
-                if self.p.switch.os == "vswitch":
-                    try:
-                        self.counters(rundir.COUNTERS_AFTER)
-                    except (TrimlabError, OSError, EOFError, ValueError):
-                        pass
-                collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts}, self.remote_dir)
-                self.fleet.close()
+                with self.phase("collect"):
+                    if self.p.switch.os == "vswitch":
+                        try:
+                            self.counters(rundir.COUNTERS_AFTER)
+                        except (TrimlabError, OSError, EOFError, ValueError):
+                            pass
+                    collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},
+                                    self.remote_dir)
+                    self.fleet.close()
+            self.run.record(phases_s=self.phases)
         return collect.results(self.run, self.p, self.spec.workload.steps, self.monitor.training.script_results,
                                self.t0)

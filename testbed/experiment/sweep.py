@@ -94,9 +94,10 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
                 prof_path = run_dir.path / rundir.SWITCH / rundir.profile_file(prof.name)
                 prof_path.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
                 try:
-                    _provision(inventory_path, prof_path, switch_only=provisioned, console=console)
-                    provisioned = True
                     ex = Execution(pt, placement, run_dir, state.id if state else None, mtu, rate, console)
+                    with ex.phase("provision"):
+                        _provision(inventory_path, prof_path, switch_only=provisioned, console=console)
+                    provisioned = True
                     results = ex.execute()
                 except TrimlabError as exc:  # this point failed; the sweep goes on
                     failures.append(f"{pt.name}: {exc}")
