@@ -35,6 +35,7 @@ app.add_typer(switch_app, name="switch")
 wireshark_app = typer.Typer(help="The trimlab dissector for Wireshark and tshark.", no_args_is_help=True)
 app.add_typer(wireshark_app, name="wireshark")
 RACK_ID = typer.Option(None, "--id", help="rack id (default: the only rack up)")
+SWITCH = typer.Option(None, "--switch", help="which switch of a fabric (leaf1, spine1...; default: the only one)")
 # Not a terminal (a log, a pipe): wide enough that tables are not cut.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -119,13 +120,18 @@ def rack_up(workers: int = typer.Option(4, help="worker hosts"),
             rate: str = typer.Option("1gbit", help="data port rate"),
             mtu: int = typer.Option(1500, help="data network MTU"),
             delay: float = typer.Option(0.0, help="one-way delay added at each host NIC, ms"),
-            rack_id: str = typer.Option("0", "--id", help="rack id: 1-6 lowercase letters/digits")):
-    """Build a virtual rack: namespaces, management bridge, sshd, the trimming switch."""
-    st = rack.plan(rack_id, workers, ps, traffic, rate, mtu, delay)
+            rack_id: str = typer.Option("0", "--id", help="rack id: 1-6 lowercase letters/digits"),
+            leaves: int = typer.Option(0, help="a routed leaf–spine fabric with this many leaves (0: one switch)"),
+            spines: int = typer.Option(0, help="spines of the fabric (every leaf has an uplink to each)"),
+            uplink_rate: str = typer.Option(None, help="leaf–spine link rate (default: the port rate)")):
+    """Build a virtual rack: namespaces, management bridge, sshd, the trimming switch (or a
+    leaf–spine fabric of them)."""
+    st = rack.plan(rack_id, workers, ps, traffic, rate, mtu, delay, leaves, spines, uplink_rate)
     with console.status(f"building rack {rack_id} ({len(st.hosts)} namespaces)"):
         rack.up(st)
-    console.print(f"rack {st.id} is up: {len(st.nic_hosts)} hosts, switch {st.switch.ns}, "
-                  f"management 198.18.{st.slot}.0/24")
+    switches = ", ".join(sw.ns for sw in st.switches)
+    console.print(f"rack {st.id} is up: {len(st.nic_hosts)} hosts, switch{'es' if st.fabric else ''} "
+                  f"{switches}, management 198.18.{st.slot}.0/24")
     print(st.inventory)
 
 
@@ -136,11 +142,12 @@ def rack_status(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--j
     if as_json:
         print(json.dumps(info, indent=2))
         return
-    table = Table("host", "role", "mgmt", "data", "port", "netns", "sshd",
+    missing = [n for n, ok in info["switch_programs"].items() if not ok]
+    table = Table("host", "role", "mgmt", "data", "switch", "port", "netns", "sshd",
                   title=f"rack {info['id']}: switch program "
-                        f"{'attached' if info['switch_program'] else 'MISSING'}")
+                        + (f"MISSING on {', '.join(missing)}" if missing else "attached"))
     for h in info["hosts"]:
-        table.add_row(h["name"], h["role"], h["mgmt_ip"], h["data_ipv4"], h["port"],
+        table.add_row(h["name"], h["role"], h["mgmt_ip"], h["data_ipv4"], h["switch"], h["port"],
                       "ok" if h["namespace"] else "[red]gone[/]", "ok" if h["sshd"] else "[red]down[/]")
     console.print(table)
     console.print(f"inventory: {info['inventory']}")
@@ -163,9 +170,10 @@ def rack_down(rack_id: str = RACK_ID,
 def switch_apply(config: str = typer.Argument(..., help="SONiC Config DB fragment (JSON)"),
                  rack_id: str = RACK_ID,
                  check: bool = typer.Option(False, "--check", help="change nothing; say what would change"),
-                 report: bool = typer.Option(False, "--report", help="print {changed, diff} as JSON (for Ansible)")):
+                 report: bool = typer.Option(False, "--report", help="print {changed, diff} as JSON (for Ansible)"),
+                 switch: str = SWITCH):
     """Change the running switch (validated whole first; counters are kept)."""
-    sw = rack.resolve(rack_id).vswitch()
+    sw = rack.resolve(rack_id).vswitch(switch)
     doc = vswitch.load_config_file(config)
     _, cfg, diff = sw.plan(doc)
     if diff and not check:
@@ -179,15 +187,16 @@ def switch_apply(config: str = typer.Argument(..., help="SONiC Config DB fragmen
 
 
 @switch_app.command("show")
-def switch_show(rack_id: str = RACK_ID):
+def switch_show(rack_id: str = RACK_ID, switch: str = SWITCH):
     """The running configuration, as a SONiC Config DB fragment."""
-    print(json.dumps(rack.resolve(rack_id).vswitch().read().to_config_db(), indent=2))
+    print(json.dumps(rack.resolve(rack_id).vswitch(switch).read().to_config_db(), indent=2))
 
 
 @switch_app.command("counters")
-def switch_counters(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--json")):
+def switch_counters(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--json"),
+                    switch: str = SWITCH):
     """SONiC-named counters at switch, port and queue level."""
-    c = rack.resolve(rack_id).vswitch().counters()
+    c = rack.resolve(rack_id).vswitch(switch).counters()
     if as_json:
         print(json.dumps(c, indent=2))
         return
@@ -215,7 +224,7 @@ def switch_render(profile: str = typer.Argument(..., help="profile name (switch_
 def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"),
                   interval: float = typer.Option(0.01, help="seconds between samples"),
                   duration: float = typer.Option(None, help="stop after this many seconds (default: until signalled)"),
-                  rack_id: str = RACK_ID):
+                  rack_id: str = RACK_ID, switch: str = SWITCH):
     """Record occupancy and counters per port and queue into a CSV, until stopped."""
     st = rack.resolve(rack_id)
     stop = threading.Event()
@@ -224,7 +233,7 @@ def switch_sample(out: str = typer.Option(..., "--out", help="CSV file to write"
     pidfile = st.dir / "run" / f"sampler-{os.getpid()}.pid"  # so that `rack down` stops it
     pidfile.write_text(f"{os.getpid()}\n")
     try:
-        n = vswitch.sample(st.vswitch(), out, interval, duration, stop)
+        n = vswitch.sample(st.vswitch(switch), out, interval, duration, stop)
     finally:
         pidfile.unlink(missing_ok=True)
     err_console.print(f"{n} samples written to {out}")

@@ -1,5 +1,9 @@
-"""The virtual rack: hosts and one switch as network namespaces on this machine, reached
-over SSH on a management bridge, cabled to an eBPF trimming switch on the data network.
+"""The virtual rack: hosts and switches as network namespaces on this machine, reached
+over SSH on a management bridge, cabled to eBPF trimming switches on the data network:
+one switch (bridged, the default), or a routed leaf–spine fabric (`--leaves L --spines S`):
+each leaf bridges its hosts' ports under a gateway for its hosts' prefix and routes the
+other leaves' prefixes over every spine (Linux multipath, L4 hash); every port of every
+switch, uplinks included, runs the trimming program, each switch with its own maps.
 
 Every object is named tl<id>-…, so racks with different ids coexist and leftovers are
 recognisable; `down_all` removes every tl* namespace, link, bpf pin and the processes in
@@ -29,8 +33,12 @@ from trimlab.vrack import vswitch
 BPF_ROOT = Path("/sys/fs/bpf")
 DATA_V4 = "198.19.0"
 DATA_V6 = "fd00:7472::"
+LINK_V4 = "198.19.250"  # fabric uplinks: one /31 (and /127) per leaf–spine link
+LINK_V6 = "fd00:7472::fa:"
+UPLINK_PORT0 = 240  # a leaf's uplinks are Ethernet240, Ethernet244...: after its host ports
 SSHD_PORT = 22
 ID_RE = re.compile(r"^[a-z0-9]{1,6}$")
+MAX_LEAVES = MAX_SPINES = 4
 
 
 class RackError(TrimlabError):
@@ -59,7 +67,24 @@ class Host:
     data_ipv4: str = ""
     data_ipv6: str = ""
     port: str = ""  # switch port this host is cabled to
-    port_index: int = -1
+    port_index: int = -1  # that port's index on its switch
+    switch: str = "sw"  # the switch (leaf) it is cabled to
+    gateway_ipv4: str = ""  # in a fabric: its leaf's address on its prefix
+    gateway_ipv6: str = ""
+
+
+@dataclass
+class Uplink:
+    """One leaf–spine link: a port at each end, a /31 and a /127 between them."""
+
+    leaf: str
+    leaf_port: str
+    leaf_ipv4: str
+    leaf_ipv6: str
+    spine: str
+    spine_port: str
+    spine_ipv4: str
+    spine_ipv6: str
 
 
 @dataclass
@@ -71,6 +96,10 @@ class RackState:
     delay_ms: float
     hosts: list[Host] = field(default_factory=list)
     created: float = 0.0
+    leaves: int = 0  # 0: one bridged switch; else a routed leaf–spine fabric
+    spines: int = 0
+    uplink_rate_bps: int = 0
+    uplinks: list[Uplink] = field(default_factory=list)
 
     @property
     def dir(self) -> Path:
@@ -90,19 +119,53 @@ class RackState:
         return f"tl{self.id}-br"
 
     @property
+    def fabric(self) -> bool:
+        return self.leaves > 0
+
+    @property
+    def switches(self) -> list[Host]:
+        return [h for h in self.hosts if h.role == "switch"]
+
+    @property
     def switch(self) -> Host:
-        return next(h for h in self.hosts if h.role == "switch")
+        """The one switch (in a fabric, the first leaf)."""
+        return self.switches[0]
+
+    def switch_named(self, name: str | None) -> Host:
+        """A switch by name (sw, leaf1, spine1...); None: the only one."""
+        names = [h.name for h in self.switches]
+        if name is None:
+            if len(names) > 1:
+                raise RackError(f"rack {self.id} has switches {', '.join(names)}: choose one with --switch")
+            return self.switch
+        if name not in names:
+            raise RackError(f"--switch {name}: rack {self.id} has switches {', '.join(names)}")
+        return next(h for h in self.switches if h.name == name)
 
     @property
     def nic_hosts(self) -> list[Host]:
         return [h for h in self.hosts if h.role != "switch"]
 
+    def port_rates(self, sw: str) -> dict[str, int]:
+        """A switch's ports in port-index order (host ports, then uplinks) and their rates."""
+        out = {h.port: self.rate_bps for h in self.nic_hosts if h.switch == sw}
+        up = self.uplink_rate_bps or self.rate_bps
+        out |= {u.leaf_port: up for u in self.uplinks if u.leaf == sw}
+        out |= {u.spine_port: up for u in self.uplinks if u.spine == sw}
+        return out
+
     @property
     def ports(self) -> list[str]:
-        return [h.port for h in self.nic_hosts]
+        """The one switch's ports (in a fabric, the first leaf's)."""
+        return list(self.port_rates(self.switch.name))
 
-    def vswitch(self) -> "vswitch.VSwitch":
-        return vswitch.VSwitch(self.pin_dir, self.ports, self.mtu, ns=self.switch.ns)
+    def switch_pin_dir(self, sw: str) -> Path:
+        """Each switch's program and maps: tl<id>/ for one switch, tl<id>/<switch>/ in a fabric."""
+        return self.pin_dir / sw if self.fabric else self.pin_dir
+
+    def vswitch(self, name: str | None = None) -> "vswitch.VSwitch":
+        h = self.switch_named(name)
+        return vswitch.VSwitch(self.switch_pin_dir(h.name), list(self.port_rates(h.name)), self.mtu, ns=h.ns)
 
     def save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +182,7 @@ class RackState:
                             f"Start one with `trimlab rack up --id {rack_id}`")
         raw = json.loads(path.read_text())
         raw["hosts"] = [Host(**h) for h in raw["hosts"]]
+        raw["uplinks"] = [Uplink(**u) for u in raw.get("uplinks", [])]
         return cls(**raw)
 
 
@@ -154,7 +218,7 @@ def _free_slot() -> int:
 
 
 def plan(rack_id: str, workers: int, ps: int, traffic: int, rate: str, mtu: int,
-         delay_ms: float) -> RackState:
+         delay_ms: float, leaves: int = 0, spines: int = 0, uplink_rate: str | None = None) -> RackState:
     """Validate the options and lay out names and addresses (nothing is touched)."""
     if not ID_RE.match(rack_id):
         raise SpecError(f"id={rack_id!r}: use 1 to 6 lowercase letters or digits")
@@ -171,18 +235,54 @@ def plan(rack_id: str, workers: int, ps: int, traffic: int, rate: str, mtu: int,
         raise SpecError(f"rate={rate!r}: use 1mbit..100gbit")
     if (racks_dir() / rack_id / "state.json").exists():
         raise RackError(f"rack {rack_id!r} is already up: `trimlab rack down --id {rack_id}` first")
+    if (leaves == 0) != (spines == 0):
+        raise SpecError(f"leaves={leaves}, spines={spines}: a fabric needs both (or neither: one switch)")
+    if leaves and not (2 <= leaves <= MAX_LEAVES and 1 <= spines <= MAX_SPINES):
+        raise SpecError(f"leaves={leaves}, spines={spines}: use 2..{MAX_LEAVES} leaves and 1..{MAX_SPINES} spines")
+    up_bps = 0
+    if uplink_rate:
+        if not leaves:
+            raise SpecError(f"uplink_rate={uplink_rate!r}: only a fabric has uplinks; give leaves and spines")
+        try:
+            up_bps = parse_rate(uplink_rate)
+        except SpecError:
+            pass
+        if not 1_000_000 <= up_bps <= 100_000_000_000:
+            raise SpecError(f"uplink_rate={uplink_rate!r}: use 1mbit..100gbit (e.g. 10mbit)")
     st = RackState(id=rack_id, slot=_free_slot(), rate_bps=bps, mtu=mtu, delay_ms=delay_ms,
-                   created=time.time())
+                   created=time.time(), leaves=leaves, spines=spines, uplink_rate_bps=up_bps)
     net = f"198.18.{st.slot}"
-    st.hosts.append(Host("sw", "switch", f"tl{rack_id}-sw", f"{net}.2", f"tl{rack_id}-m0"))
+    switches = ([f"leaf{k}" for k in range(1, leaves + 1)] + [f"spine{s}" for s in range(1, spines + 1)]
+                if leaves else ["sw"])
+    for i, name in enumerate(switches):
+        st.hosts.append(Host(name, "switch", f"tl{rack_id}-{name}", f"{net}.{2 + i}",
+                             f"tl{rack_id}-" + ("m0" if name == "sw" else f"s{i}")))
     names = ([(f"w{i}", "worker") for i in range(1, workers + 1)]
              + [(f"ps{i}", "ps") for i in range(1, ps + 1)]
              + [(f"tr{i}", "traffic") for i in range(1, traffic + 1)])
+    on_switch: dict[str, int] = {}
     for i, (name, role) in enumerate(names):
         octet = 10 + i
-        st.hosts.append(Host(name, role, f"tl{rack_id}-{name}", f"{net}.{octet}",
-                             f"tl{rack_id}-m{i + 1}", f"{DATA_V4}.{octet}", f"{DATA_V6}{octet:x}",
-                             f"Ethernet{4 * i}", i))
+        h = Host(name, role, f"tl{rack_id}-{name}", f"{net}.{octet}", f"tl{rack_id}-m{i + 1}")
+        if leaves:  # the ps on leaf1, workers round-robin, traffic from the last leaf: across the spine
+            n = int(name.lstrip("wpstr"))
+            k = 1 if role == "ps" else leaves - (n - 1) % leaves if role == "traffic" else (n - 1) % leaves + 1
+            h.switch = f"leaf{k}"
+            h.data_ipv4, h.data_ipv6 = f"198.19.{k}.{octet}", f"{DATA_V6}{k:x}:{octet:x}"
+            h.gateway_ipv4, h.gateway_ipv6 = f"198.19.{k}.1", f"{DATA_V6}{k:x}:1"
+        else:
+            h.data_ipv4, h.data_ipv6 = f"{DATA_V4}.{octet}", f"{DATA_V6}{octet:x}"
+        h.port_index = on_switch.get(h.switch, 0)
+        h.port = f"Ethernet{4 * h.port_index}"
+        on_switch[h.switch] = h.port_index + 1
+        st.hosts.append(h)
+    for k in range(1, leaves + 1):
+        for sp in range(1, spines + 1):
+            j = (k - 1) * spines + sp - 1
+            st.uplinks.append(Uplink(f"leaf{k}", f"Ethernet{UPLINK_PORT0 + 4 * (sp - 1)}",
+                                     f"{LINK_V4}.{2 * j}", f"{LINK_V6}{2 * j:x}",
+                                     f"spine{sp}", f"Ethernet{4 * (k - 1)}",
+                                     f"{LINK_V4}.{2 * j + 1}", f"{LINK_V6}{2 * j + 1:x}"))
     return st
 
 
@@ -241,6 +341,84 @@ def _host_nic(ns: str, dev: str, rate_bps: int, delay_ms: float) -> None:
          "limit", "20000", ns=ns)
 
 
+def _sysctl(ns: str, *settings: str) -> None:
+    for kv in settings:
+        _run("sysctl", "-qw", kv, ns=ns)
+
+
+def _cable_host(st: RackState, h: Host) -> None:
+    """A host's data NIC (eth1) to its switch port, under the switch's bridge."""
+    sw = st.switch_named(h.switch)
+    _run("ip", "link", "add", h.port, "netns", sw.ns, "mtu", str(st.mtu), "type", "veth",
+         "peer", "name", "eth1", "netns", h.ns, "mtu", str(st.mtu))
+    _run("ip", "link", "set", h.port, "master", "br0", "up", ns=sw.ns)
+    v4len, v6len = ("24", "112") if st.fabric else ("24", "64")
+    _run("ip", "addr", "add", f"{h.data_ipv4}/{v4len}", "dev", "eth1", ns=h.ns)
+    _run("ip", "-6", "addr", "add", f"{h.data_ipv6}/{v6len}", "dev", "eth1", "nodad", ns=h.ns)
+    _run("ip", "link", "set", "eth1", "up", ns=h.ns)
+    # Real checksums on the data path: a trimmed packet must carry a correct one.
+    # Without checksum offload the kernel also drops UDP segmentation offload, so
+    # a UDP GSO send is segmented before eth1: the switch sees wire packets only.
+    _run("ethtool", "-K", "eth1", "tx", "off", "rx", "off", ns=h.ns)
+    _run("ethtool", "-K", h.port, "tx", "off", "rx", "off", ns=sw.ns)
+    _host_nic(h.ns, "eth1", st.rate_bps, st.delay_ms)
+    if st.fabric:  # the rest of the data network through its leaf
+        _run("ip", "route", "add", f"{DATA_V4.rsplit('.', 1)[0]}.0.0/16", "via", h.gateway_ipv4, "dev", "eth1", ns=h.ns)
+        _run("ip", "-6", "route", "add", f"{DATA_V6}/64", "via", h.gateway_ipv6, "dev", "eth1", ns=h.ns)
+
+
+def _cable_uplink(st: RackState, u: Uplink) -> None:
+    leaf, spine = st.switch_named(u.leaf), st.switch_named(u.spine)
+    _run("ip", "link", "add", u.leaf_port, "netns", leaf.ns, "mtu", str(st.mtu), "type", "veth",
+         "peer", "name", u.spine_port, "netns", spine.ns, "mtu", str(st.mtu))
+    for ns, port, v4, v6 in ((leaf.ns, u.leaf_port, u.leaf_ipv4, u.leaf_ipv6),
+                             (spine.ns, u.spine_port, u.spine_ipv4, u.spine_ipv6)):
+        _run("ip", "addr", "add", f"{v4}/31", "dev", port, ns=ns)
+        _run("ip", "-6", "addr", "add", f"{v6}/127", "dev", port, "nodad", ns=ns)
+        _run("ethtool", "-K", port, "tx", "off", "rx", "off", ns=ns)
+        _run("ip", "link", "set", port, "up", ns=ns)
+
+
+def leaf_prefixes(k: int) -> tuple[str, str]:
+    """Leaf k's hosts' prefixes (IPv4, IPv6)."""
+    return f"198.19.{k}.0/24", f"{DATA_V6}{k:x}:0/112"
+
+
+def _routes(st: RackState) -> None:
+    """Each leaf: a gateway on its bridge, the other leaves' prefixes over every spine
+    (equal cost); each spine: every leaf's prefixes down its link."""
+    for k in range(1, st.leaves + 1):
+        leaf = st.switch_named(f"leaf{k}")
+        _run("ip", "addr", "add", f"198.19.{k}.1/24", "dev", "br0", ns=leaf.ns)
+        _run("ip", "-6", "addr", "add", f"{DATA_V6}{k:x}:1/112", "dev", "br0", "nodad", ns=leaf.ns)
+        ups = [u for u in st.uplinks if u.leaf == leaf.name]
+        for other in range(1, st.leaves + 1):
+            if other == k:
+                continue
+            v4, v6 = leaf_prefixes(other)
+            _run("ip", "route", "add", v4, *[a for u in ups for a in ("nexthop", "via", u.spine_ipv4, "dev", u.leaf_port)],
+                 ns=leaf.ns)
+            _run("ip", "-6", "route", "add", v6,
+                 *[a for u in ups for a in ("nexthop", "via", u.spine_ipv6, "dev", u.leaf_port)], ns=leaf.ns)
+    for u in st.uplinks:
+        spine = st.switch_named(u.spine)
+        v4, v6 = leaf_prefixes(int(u.leaf[4:]))
+        _run("ip", "route", "add", v4, "via", u.leaf_ipv4, "dev", u.spine_port, ns=spine.ns)
+        _run("ip", "-6", "route", "add", v6, "via", u.leaf_ipv6, "dev", u.spine_port, ns=spine.ns)
+
+
+def _program(st: RackState, sw: Host) -> None:
+    """The trimming program on every port of one switch, its own maps, the default config."""
+    pin = st.switch_pin_dir(sw.name)
+    vswitch.load(pin)
+    rates = st.port_rates(sw.name)
+    for i, (port, rate) in enumerate(rates.items()):
+        vswitch.attach(sw.ns, port, _ifindex(sw.ns, port), i, pin, rate)
+    cfg = vswitch.default_config(list(rates), st.rate_bps // 1_000_000)
+    cfg.speeds = {p: r // 1_000_000 for p, r in rates.items()}
+    st.vswitch(sw.name).write(cfg)
+
+
 def up(st: RackState) -> RackState:
     """Build everything in `st`; on any failure, take down what was built."""
     st.save()  # first, so that `down` finds a half-built rack
@@ -249,7 +427,6 @@ def up(st: RackState) -> RackState:
         _run("ip", "link", "add", st.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"198.18.{st.slot}.1/24", "dev", st.bridge)
         _run("ip", "link", "set", st.bridge, "up")
-        sw = st.switch
         for h in st.hosts:
             _run("ip", "netns", "add", h.ns)
             _run("ip", "link", "set", "lo", "up", ns=h.ns)
@@ -257,26 +434,21 @@ def up(st: RackState) -> RackState:
             _run("ip", "link", "set", h.mgmt_link, "master", st.bridge, "up")
             _run("ip", "addr", "add", f"{h.mgmt_ip}/24", "dev", "eth0", ns=h.ns)
             _run("ip", "link", "set", "eth0", "up", ns=h.ns)
-        _run("ip", "link", "add", "br0", "type", "bridge", ns=sw.ns)
-        _run("ip", "link", "set", "br0", "up", ns=sw.ns)
+        for sw in st.switches:
+            if st.fabric:  # a router: forwarding, multipath by the L4 hash (5-tuple)
+                _sysctl(sw.ns, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
+                        "net.ipv4.fib_multipath_hash_policy=1", "net.ipv6.fib_multipath_hash_policy=1",
+                        "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
+            _run("ip", "link", "add", "br0", "type", "bridge", ns=sw.ns)
+            _run("ip", "link", "set", "br0", "up", ns=sw.ns)
         for h in st.nic_hosts:
-            _run("ip", "link", "add", h.port, "netns", sw.ns, "mtu", str(st.mtu), "type", "veth",
-                 "peer", "name", "eth1", "netns", h.ns, "mtu", str(st.mtu))
-            _run("ip", "link", "set", h.port, "master", "br0", "up", ns=sw.ns)
-            _run("ip", "addr", "add", f"{h.data_ipv4}/24", "dev", "eth1", ns=h.ns)
-            _run("ip", "-6", "addr", "add", f"{h.data_ipv6}/64", "dev", "eth1", "nodad", ns=h.ns)
-            _run("ip", "link", "set", "eth1", "up", ns=h.ns)
-            # Real checksums on the data path: a trimmed packet must carry a correct one.
-            # Without checksum offload the kernel also drops UDP segmentation offload, so
-            # a UDP GSO send is segmented before eth1: the switch sees wire packets only.
-            _run("ethtool", "-K", "eth1", "tx", "off", "rx", "off", ns=h.ns)
-            _run("ethtool", "-K", h.port, "tx", "off", "rx", "off", ns=sw.ns)
-            _host_nic(h.ns, "eth1", st.rate_bps, st.delay_ms)
-        vswitch.load(st.pin_dir)
-        for h in st.nic_hosts:
-            vswitch.attach(sw.ns, h.port, _ifindex(sw.ns, h.port), h.port_index, st.pin_dir,
-                           st.rate_bps)
-        st.vswitch().write(vswitch.default_config(st.ports, st.rate_bps // 1_000_000))
+            _cable_host(st, h)
+        for u in st.uplinks:
+            _cable_uplink(st, u)
+        if st.fabric:
+            _routes(st)
+        for sw in st.switches:
+            _program(st, sw)
         Path("/run/sshd").mkdir(exist_ok=True)
         for h in st.hosts:
             if h.role == "switch":  # its sessions run `trimlab switch`: they need /sys/fs/bpf,
@@ -316,6 +488,20 @@ def _wait_ssh(st: RackState, timeout: float = 20.0) -> None:
         raise RackError(f"sshd did not answer on {', '.join(h.name + ' ' + h.mgmt_ip for h in pending)}")
 
 
+def _inventory_ports(st: RackState, sw: Host) -> dict[str, dict]:
+    """A switch's ports as lab.example.yml has them: host-facing ones name their host,
+    network-facing ones (uplinks) their peer switch and port."""
+    rates = st.port_rates(sw.name)
+    ns = {h.name: h.ns for h in st.hosts}
+    out = {h.port: {"host": h.ns, "facing": "host"} for h in st.nic_hosts if h.switch == sw.name}
+    for u in st.uplinks:
+        if u.leaf == sw.name:
+            out[u.leaf_port] = {"facing": "network", "peer": f"{ns[u.spine]}:{u.spine_port}"}
+        elif u.spine == sw.name:
+            out[u.spine_port] = {"facing": "network", "peer": f"{ns[u.leaf]}:{u.leaf_port}"}
+    return {p: d | {"speed_mbps": rates[p] // 1_000_000} for p, d in out.items()}
+
+
 def write_inventory(st: RackState) -> Path:
     """The Ansible YAML inventory: the same shape a physical lab rack uses."""
     keys = st.dir / "keys"
@@ -333,12 +519,13 @@ def write_inventory(st: RackState) -> Path:
             "data_mtu": st.mtu,
         },
         "children": {
-            "trim_switches": {"hosts": {st.switch.ns: {
-                "ansible_host": st.switch.mgmt_ip,
+            "trim_switches": {"hosts": {sw.ns: {
+                "ansible_host": sw.mgmt_ip,
                 "trim_switch_os": "vswitch",
-                "ports": {h.port: {"host": h.ns, "facing": "host",
-                                   "speed_mbps": st.rate_bps // 1_000_000} for h in st.nic_hosts},
-            }}},
+                "trimlab_switch": sw.name,  # which switch of the rack `trimlab switch` drives
+                **({"fabric_role": sw.name.rstrip("0123456789")} if st.fabric else {}),
+                "ports": _inventory_ports(st, sw),
+            } for sw in st.switches}},
             "nic_hosts": {"hosts": {h.ns: {
                 "ansible_host": h.mgmt_ip, "role": h.role, "data_if": "eth1",
                 "data_ipv4": h.data_ipv4, "data_ipv6": h.data_ipv6, "switch_port": h.port,
@@ -353,17 +540,27 @@ def write_inventory(st: RackState) -> Path:
 
 # -- status and tear-down --------------------------------------------------------------------
 
+def _program_attached(st: RackState, sw: Host, nss: set[str]) -> bool:
+    """The trimming program on every port of the switch."""
+    if sw.ns not in nss:
+        return False
+    return all("trimlab_egress" in _run("tc", "filter", "show", "dev", p, "egress", ns=sw.ns, check=False).stdout
+               for p in st.port_rates(sw.name))
+
+
 def status(st: RackState) -> dict:
     nss = set(_netns_list())
-    prog = _run("tc", "filter", "show", "dev", st.ports[0], "egress", ns=st.switch.ns,
-                check=False).stdout if st.switch.ns in nss and st.ports else ""
+    programs = {sw.name: _program_attached(st, sw, nss) for sw in st.switches}
     return {
         "id": st.id, "inventory": str(st.inventory), "mgmt": f"198.18.{st.slot}.0/24",
         "rate_bps": st.rate_bps, "mtu": st.mtu, "delay_ms": st.delay_ms,
-        "switch_program": "trimlab_egress" in prog,
+        "switch_program": all(programs.values()), "switch_programs": programs,
+        "fabric": {"leaves": st.leaves, "spines": st.spines,
+                   "uplink_rate_bps": st.uplink_rate_bps or st.rate_bps} if st.fabric else None,
+        "uplinks": [asdict(u) for u in st.uplinks],
         "hosts": [{"name": h.name, "role": h.role, "ns": h.ns, "mgmt_ip": h.mgmt_ip,
                    "data_ipv4": h.data_ipv4, "data_ipv6": h.data_ipv6, "port": h.port,
-                   "namespace": h.ns in nss, "sshd": sshd_banner(h.mgmt_ip).startswith("SSH-")}
+                   "switch": h.switch if h.role != "switch" else "", "namespace": h.ns in nss, "sshd": sshd_banner(h.mgmt_ip).startswith("SSH-")}
                   for h in st.hosts],
     }
 

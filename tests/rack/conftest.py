@@ -32,8 +32,8 @@ def rack_factory():
 
     built = []
 
-    def make(rack_id=None, workers=2, ps=1, traffic=0, rate="100mbit", mtu=1500, delay=0.0):
-        st = rack.plan(rack_id or new_id(), workers, ps, traffic, rate, mtu, delay)
+    def make(rack_id=None, workers=2, ps=1, traffic=0, rate="100mbit", mtu=1500, delay=0.0, **fabric):
+        st = rack.plan(rack_id or new_id(), workers, ps, traffic, rate, mtu, delay, **fabric)
         built.append(st)
         return rack.up(st)
 

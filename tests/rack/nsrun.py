@@ -38,6 +38,14 @@ def udp_burst(dst: str, count: int, size: int, tos: int, port: int = 47001, tag:
         s.sendto(tag.to_bytes(4, "big") + i.to_bytes(4, "big") + pad, (dst, port))
 
 
+def udp_flows(dst: str, count: int, tos: int = 0, port: int = 47001, tag: int = 0) -> None:
+    """One datagram from each of `count` sockets: `count` flows (source ports) for ECMP."""
+    for i in range(count):
+        s = _udp_sender(dst, tos)
+        s.sendto(tag.to_bytes(4, "big") + i.to_bytes(4, "big"), (dst, port))
+        s.close()
+
+
 def gso_burst(dst: str, count: int, size: int, dscp: int, port: int = 47001, tag: int = 0) -> None:
     """Like udp_burst, through trimlab's Sender (UDP GSO runs); prints how many system
     calls it took and whether GSO was used."""
@@ -95,7 +103,7 @@ def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "") 
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    fn = {"send": send, "udp_burst": udp_burst, "gso_burst": gso_burst, "udp_receive": udp_receive,
+    fn = {"send": send, "udp_burst": udp_burst, "udp_flows": udp_flows, "gso_burst": gso_burst, "udp_receive": udp_receive,
           "send_payloads": send_payloads}[cmd]
     kwargs = dict(a.split("=", 1) for a in args)
     for k in ("count", "size", "tos", "dscp", "port", "tag"):
