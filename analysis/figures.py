@@ -3,7 +3,9 @@
 Run report: congestion (queue occupancy and trims over time, background flows marked),
 error_by_bits (true per-packet NMSE against the bits per coordinate that arrived, with the
 codec's theoretical curve), error_by_step, training (loss and accuracy against step and
-wall time), phases (where each step's communication time goes). Comparison: training_overlay, accuracy_vs_trim_rate.
+wall time), phases (where each step's communication time goes), fabric (switches, hosts and
+links with the trims leaving each port; a fabric run only). Comparison: training_overlay,
+accuracy_vs_trim_rate, time_to_target.
 """
 
 from __future__ import annotations
@@ -238,4 +240,55 @@ def time_to_target(agg: pd.DataFrame) -> go.Figure:
                      categoryarray=loads)
     fig.update_yaxes(title_text="seconds to target (mean ± 95 % interval)", rangemode="tozero")
     fig.update_layout(title=title, template=TEMPLATE, height=460)
+    return fig
+
+
+def fabric(host_port: dict[str, str], links: list[tuple[str, str]], ports: dict[str, dict]) -> go.Figure:
+    """The run's switches, hosts and links, each link labelled with the packets trimmed
+    (and dropped) leaving each of its ends; `host_port`: host -> switch:port, `links`:
+    (switch:port, switch:port), `ports`: switch:port -> counters over the run."""
+    title = "Fabric: trims per link and direction"
+    if not links:
+        return _empty(title, "one switch: no links between switches")
+    sw_of = lambda p: p.split(":", 1)[0]  # noqa: E731
+    leaves = sorted({sw_of(p) for p in host_port.values()})
+    spines = sorted({sw_of(p) for link in links for p in link} - set(leaves))
+    hosts = sorted(host_port, key=lambda h: (leaves.index(sw_of(host_port[h])), host_port[h]))
+    pos = {}
+    for row, names in ((2.0, spines), (1.0, leaves), (0.0, hosts)):
+        for i, n in enumerate(names):
+            pos[n] = ((i + 0.5) / len(names), row)
+
+    def load(port: str) -> tuple[int, int]:
+        c = ports.get(port, {})
+        return c.get("TRIM_TX_PKTS", 0), c.get("DROP_PKTS", 0) + c.get("TRIM_DRP_PKTS", 0)
+
+    edges = [(a, b) for a, b in links] + [(host_port[h], h) for h in hosts]
+    busiest = max([sum(load(p)) for e in edges for p in e if ":" in p] + [1])
+    fig = go.Figure()
+    for a, b in edges:
+        ends = [p for p in (a, b) if ":" in p]  # a switch port; a host end has none
+        (x0, y0), (x1, y1) = pos[sw_of(a)], pos[sw_of(b) if ":" in b else b]
+        trims = sum(load(p)[0] for p in ends)
+        fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
+                                 line={"width": 1 + 7 * trims / busiest, "color": "#d62728" if trims else "#999"}))
+        text = "<br>".join(f"{p} →: {load(p)[0]} trimmed, {load(p)[1]} dropped" for p in ends)
+        fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="markers", showlegend=False,
+                                 marker={"size": 6, "color": "#d62728" if trims else "#999"},
+                                 hovertext=text, hoverinfo="text"))
+        for p in ends:  # the count beside the port it left by
+            px, py = (x0, y0) if sw_of(p) == sw_of(a) else (x1, y1)
+            qx, qy = (x1, y1) if (px, py) == (x0, y0) else (x0, y0)
+            t, d = load(p)
+            if t or d:
+                fig.add_annotation(x=px + 0.3 * (qx - px), y=py + 0.3 * (qy - py), showarrow=False,
+                                   text=f"{t}✂" + (f" {d}✗" if d else ""), font={"size": 10, "color": "#d62728"})
+    for names, symbol, color in ((spines, "square", "#1f77b4"), (leaves, "square", "#2ca02c"), (hosts, "circle", "#555")):
+        fig.add_trace(go.Scatter(x=[pos[n][0] for n in names], y=[pos[n][1] for n in names], mode="markers+text",
+                                 text=names, textposition="top center" if symbol == "square" else "bottom center",
+                                 marker={"size": 18 if symbol == "square" else 10, "symbol": symbol, "color": color},
+                                 hoverinfo="text", showlegend=False))
+    fig.update_layout(title=title + " (✂ trimmed, ✗ dropped, beside the port they left by)", template=TEMPLATE,
+                      height=460, xaxis={"visible": False, "range": [-0.05, 1.05]},
+                      yaxis={"visible": False, "range": [-0.5, 2.5]})
     return fig

@@ -28,7 +28,8 @@ from trimlab.config import TRAFFIC_PORT, AgentConfig
 KEY = ["step", "rank", "bucket", "span", "packet"]
 COLUMNS = ["job", *KEY, "sender", "receiver", "coords", "sent_len", "t_sent_ns", "dscp_sent",
            "seen_sender", "t_recv_ns", "recv_len", "dscp_recv", "seen_receiver", "logged", "status",
-           "trimmed", "dropped", "planes", "bits_per_coord", "delay_us", "expected_nmse", "nmse"]
+           "trimmed", "trimmed_at", "dropped", "planes", "bits_per_coord", "delay_us", "expected_nmse", "nmse"]
+AMBIGUOUS = "ambiguous"
 # a check's status: agree (green), explained (a known cause, e.g. a capture that lost
 # packets, said so), disagree (red), n/a (this run cannot tell)
 AGREE, EXPLAINED, DISAGREE, NA = "agree", "explained", "disagree", "n/a"
@@ -177,7 +178,31 @@ def packet_table(run: RunData) -> tuple[pd.DataFrame, dict]:
     rows["delay_us"] = (rows["t_recv_ns"] - rows["t_sent_ns"]) / 1e3
     rows["nmse"], rows["truth_scale"] = _truth_errors(run, rows)
     rows["status"] = rows["status"].fillna("not_logged")
+    rows["trimmed_at"] = trim_locations(run, rows)
     return rows, side
+
+
+def trim_locations(run: RunData, rows: pd.DataFrame) -> pd.Series:
+    """Where each trimmed packet was trimmed: the one port on its possible paths whose
+    counters show trims ("switch:port" in a fabric), "ambiguous" where several do, None
+    for packets not trimmed or runs without switch counters."""
+    out = pd.Series([None] * len(rows), index=rows.index, dtype=object)
+    counters = run.counters
+    if counters is None or not len(rows):
+        return out
+    trimming = {p for p, c in counters["ports"].items() if c.get("TRIM_TX_PKTS", 0) > 0}
+    prof = run.profile or {}
+    # an asymmetric profile (from-tc) remarks by the facing of the port: the DSCP that
+    # arrived rules out the ports of the other facing
+    facing_dscp = prof.get("port_dscp") or {} if prof.get("dscp") == "from-tc" else {}
+    host_ports = set(run.topology.host_port.values())
+    trimmed = rows[rows["trimmed"]]
+    for (snd, rcv, dscp), idx in trimmed.groupby(["sender", "receiver", "dscp_recv"], dropna=False).groups.items():
+        where = [p for p in run.topology.egress_ports(snd, rcv) if p in trimming]
+        if facing_dscp and dscp == dscp:  # not NaN
+            where = [p for p in where if facing_dscp.get("host" if p in host_ports else "network") == dscp]
+        out.loc[idx] = where[0] if len(where) == 1 else AMBIGUOUS if where else None
+    return out
 
 
 # -- the checks ---------------------------------------------------------------------------------
@@ -247,7 +272,9 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
         mine = rows[rows["receiver"] == host]
         cap = side["captures"].get(host)
         port = run.hosts.get(host, {}).get("port")
-        pc = counters["ports"].get(port) if counters and port else None
+        # one switch: the receiver's port saw every trim and drop of its packets; in a
+        # fabric they may happen at any hop (the fabric-wide checks below)
+        pc = counters["ports"].get(port) if counters and port and not run.fabric else None
         bg = _trims_on_port(run, host, cap)
         cap_trims = int((mine["trimmed"] & mine["seen_receiver"]).sum()) if cap is not None else None
         log_trims = int(mine["log_trimmed"].fillna(0).sum()) if len(plog) else None
@@ -291,6 +318,53 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
     if counters is None:
         out.append(_check("switch counters", "switch", "counters before and after", "none", NA,
                           "this switch target records no counters in the run (virtual switch only)"))
+    elif run.fabric:
+        out += _fabric_checks(run, rows, side, lost)
+    return out
+
+
+def _fabric_checks(run: RunData, rows: pd.DataFrame, side: dict, lost: dict[str, int]) -> list[dict]:
+    """Trims and drops summed over every hop of every switch against what the receivers
+    captured and logged, and the trims located per port against that port's counters."""
+    counters, out = run.counters, []
+    total = {k: sum(c[k] for c in counters["ports"].values()) for k in ("TRIM_TX_PKTS", "DROP_PKTS", "TRIM_DRP_PKTS")}
+    mine = rows[rows["receiver"].isin(run.receivers)]
+    caps = {h: side["captures"].get(h) for h in run.receivers}
+    have_caps = all(c is not None for c in caps.values())
+    bg = sum(_trims_on_port(run, h, side["captures"].get(h)) or 0 for h in side["captures"])
+    tolerance = sum(lost.get(h, 0) for h in run.receivers)
+    if have_caps:
+        got = int((mine["trimmed"] & mine["seen_receiver"]).sum()) + bg
+        want = total["TRIM_TX_PKTS"]
+        out.append(_check("switch trims = captures (every hop)", "every switch port · receivers' captures", want, got,
+                          AGREE if want == got else EXPLAINED if 0 < want - got <= tolerance else DISAGREE,
+                          f"TRIM_TX_PKTS summed over {len(counters['ports'])} ports of {len(run.manifest['switches'])} "
+                          f"switches; the receivers captured {got - bg} trimmed gradient packets"
+                          + (f" and {bg} trimmed background packets" if bg else "")))
+    if len(run.packet_log):
+        want, got = total["TRIM_TX_PKTS"] - bg, int(mine["log_trimmed"].fillna(0).sum())
+        out.append(_check("switch trims = receivers' logs (every hop)", "every switch port · receivers' logs", want, got,
+                          AGREE if want == got else DISAGREE,
+                          "gradient packets trimmed anywhere in the fabric vs trimmed rows the receivers logged"))
+    if not run.spec.get("congestion", {}).get("background"):
+        want, got = total["DROP_PKTS"] + total["TRIM_DRP_PKTS"], int(mine["dropped"].sum())
+        out.append(_check("switch drops = never received (every hop)", "every switch port · captures and logs",
+                          want, got, AGREE if want == got else DISAGREE,
+                          "DROP_PKTS + TRIM_DRP_PKTS summed over every port vs gradient packets no receiver saw"))
+    at = mine["trimmed_at"]
+    located = at[at.notna() & (at != AMBIGUOUS)].value_counts()
+    over = {p: int(n) for p, n in located.items() if n > counters["ports"].get(p, {}).get("TRIM_TX_PKTS", 0)}
+    n_trim, n_amb = int(mine["trimmed"].sum()), int((at == AMBIGUOUS).sum())
+    n_loc = int(located.sum())
+    ok = not over and n_loc == n_trim - n_amb  # none trimmed where no port on its path trims
+    detail = (f"{n_loc} trimmed packets located at one port (" + ", ".join(f"{p} {n}" for p, n in located.items())
+              + f"), {n_amb} ambiguous (trims on several ports of their paths)")
+    if over:
+        detail = f"more packets located at a port than it trimmed: {over}"
+    elif not ok:
+        detail += f"; {n_trim - n_amb - n_loc} trimmed packets with no trimming port on their path"
+    out.append(_check("trims located", "paths · switch counters", n_trim - n_amb, n_loc,
+                      AGREE if ok else DISAGREE, detail))
     return out
 
 

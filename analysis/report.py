@@ -188,6 +188,9 @@ def render_run(run: RunData) -> str:
     s = summary(run, rows)
     sections = [("Summary", _summary_html(s, run) + (f"<p class=disagree>{html.escape(problem)}</p>" if problem else ""))]
     sections.append(("Congestion", _figure(figures.congestion(run.occupancy, run.traffic_events), "fig-congestion")))
+    if run.fabric:
+        sections.append(("Fabric", _figure(figures.fabric(run.topology.host_port, run.topology.links,
+                                                          (run.counters or {}).get("ports", {})), "fig-fabric")))
     if rows is not None:
         theory = theory_curve(run.codec, run.cfg.codec.coords)
         sections.append(("Trims → error", _figure(figures.error_by_bits(rows, theory), "fig-error-bits")

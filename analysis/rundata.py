@@ -16,6 +16,7 @@ import yaml
 
 from trimlab import rundir
 from trimlab.analysis import pcap
+from trimlab.analysis.topology import Topology, qualified
 from trimlab.codec import get_codec
 from trimlab.config import GRADIENT_PORT, AgentConfig
 from trimlab.errors import TrimlabError
@@ -56,12 +57,23 @@ class RunData:
         return get_codec(self.cfg.codec.name, **self.cfg.codec.params)
 
     @cached_property
+    def topology(self) -> Topology:
+        return Topology.from_manifest(self.manifest)
+
+    @property
+    def fabric(self) -> bool:
+        """The run drove several switches: ports are named switch:port."""
+        return len(self.manifest.get("switches") or []) > 1
+
+    @cached_property
     def hosts(self) -> dict[str, dict]:
-        """host -> {role, addr (data address of the run's family), port (switch port)}, from
-        the host facts the run recorded in its manifest."""
+        """host -> {role, addr (data address of the run's family), port (switch port; switch:port
+        in a fabric)}, from the host facts the run recorded in its manifest."""
         ipv6 = bool(self.cfg and self.cfg.transport.ipv6)
+        ports = self.topology.host_port
         return {name: {"role": f.get("role"), "addr": f.get("data_ipv6" if ipv6 else "data_ipv4"),
-                       "port": f.get("switch_port")} for name, f in self.manifest.get("hosts", {}).items()}
+                       "port": ports.get(name, f.get("switch_port"))}
+                for name, f in self.manifest.get("hosts", {}).items()}
 
     @cached_property
     def receivers(self) -> list[str]:
@@ -166,21 +178,36 @@ class RunData:
     # -- the switch --------------------------------------------------------------------------------
     @cached_property
     def counters(self) -> dict | None:
-        """Switch counters over the run: after − before, at switch, port and queue level."""
-        b, a = (self.path / rundir.SWITCH / f for f in (rundir.COUNTERS_BEFORE, rundir.COUNTERS_AFTER))
-        if not (b.exists() and a.exists()):
-            return None
-        before, after = json.loads(b.read_text()), json.loads(a.read_text())
+        """Switch counters over the run: after − before, at switch, port and queue level; in a
+        fabric every switch's, ports named switch:port, the switch level summed over them."""
+        out: dict = {"switch": {}, "ports": {}, "queues": {}}
         delta = lambda x, y: {k: v - y.get(k, 0) if "OCCUPANCY" not in k else v for k, v in x.items()}  # noqa: E731
-        return {"switch": delta(after["switch"], before["switch"]),
-                "ports": {p: delta(v, before["ports"].get(p, {})) for p, v in after["ports"].items()},
-                "queues": {p: [delta(q, before["queues"].get(p, [{}] * len(qs))[i]) for i, q in enumerate(qs)]
-                           for p, qs in after["queues"].items()}}
+        for label, d in rundir.switch_dirs(self.path).items():
+            b, a = d / rundir.COUNTERS_BEFORE, d / rundir.COUNTERS_AFTER
+            if not (b.exists() and a.exists()):
+                return None
+            before, after = json.loads(b.read_text()), json.loads(a.read_text())
+            for k, v in delta(after["switch"], before["switch"]).items():
+                out["switch"][k] = out["switch"].get(k, 0) + v
+            for p, v in after["ports"].items():
+                out["ports"][qualified(label, p)] = delta(v, before["ports"].get(p, {}))
+            for p, qs in after["queues"].items():
+                out["queues"][qualified(label, p)] = [delta(q, before["queues"].get(p, [{}] * len(qs))[i])
+                                                      for i, q in enumerate(qs)]
+        return out if out["ports"] else None
 
     @cached_property
     def occupancy(self) -> pd.DataFrame:
-        p = self.path / rundir.SWITCH / rundir.OCCUPANCY
-        return pd.read_csv(p) if p.exists() and p.stat().st_size else pd.DataFrame()
+        """Every switch's samples; ports named switch:port in a fabric."""
+        parts = []
+        for label, d in rundir.switch_dirs(self.path).items():
+            p = d / rundir.OCCUPANCY
+            if p.exists() and p.stat().st_size:
+                df = pd.read_csv(p)
+                if label:
+                    df["port"] = label + ":" + df["port"].astype(str)
+                parts.append(df)
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
     @cached_property
     def profile(self) -> dict | None:

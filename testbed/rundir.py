@@ -38,6 +38,20 @@ SUBDIRS = (LOGS, PCAPS, SWITCH, TRUTH)
 COUNTERS_BEFORE, COUNTERS_AFTER = "counters_before.json", "counters_after.json"  # in switch/
 OCCUPANCY = "occupancy.csv"  # in switch/
 
+
+def switch_dir(run: Path, label: str | None) -> Path:
+    """Where a switch's counters and occupancy go: switch/ when the run drives one switch,
+    switch/<label>/ per switch of a fabric (the manifest's `switches` lists them)."""
+    return run / SWITCH / label if label else run / SWITCH
+
+
+def switch_dirs(run: Path) -> dict[str | None, Path]:
+    """The run's switch directories by label (None: the one switch of a single-switch run)."""
+    top = run / SWITCH
+    if (top / COUNTERS_BEFORE).exists() or (top / OCCUPANCY).exists():
+        return {None: top}
+    return {d.name: d for d in sorted(top.iterdir()) if d.is_dir()} if top.is_dir() else {}
+
 # An agent's output folder (on its host; agents/<host>/ once collected): what every agent
 # and the DDP hook write there. pcaps/ and truth/ move to the run's own folders.
 FINAL = "final.json"

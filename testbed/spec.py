@@ -218,12 +218,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+RATE_PATTERN = r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$"
+
+
+class FabricSpec(_Strict):
+    """A routed leaf–spine fabric instead of one switch (`trimlab rack up --leaves --spines`)."""
+
+    leaves: int = Field(2, ge=2, le=4)
+    spines: int = Field(1, ge=1, le=4)
+    uplink_rate: str | None = Field(None, pattern=RATE_PATTERN,
+                                    description="leaf–spine link rate (default: the port rate)")
+
+
 class VirtualRackSpec(_Strict):
     workers: int = Field(4, ge=1, le=32)
     traffic_hosts: int = Field(1, ge=0, le=2)
-    rate: str = Field("1gbit", pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
+    rate: str = Field("1gbit", pattern=RATE_PATTERN)
     mtu: int = Field(1500, ge=1280, le=9000)
     buffer_bytes: int = Field(65536, ge=0, description="byte budget of each switch queue")
+    fabric: FabricSpec | None = Field(None, description="leaves, spines, uplink_rate: a leaf–spine fabric")
 
 
 class RackSpec(_Strict):

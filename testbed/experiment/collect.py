@@ -14,10 +14,11 @@ from trimlab.experiment.placement import Placement, RunFailed
 from trimlab.rundir import RunDir
 
 
-def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remote_root: str) -> None:
-    """Each host's remote directory into agents/<host>/ (pcaps, truth and the occupancy
-    series where the layout puts them), then removed there. Best effort: what failed is
-    recorded in the manifest."""
+def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remote_root: str,
+            switch_dirs: dict[str, Path]) -> None:
+    """Each host's remote directory into agents/<host>/ (pcaps, truth and each switch's
+    occupancy series, into `switch_dirs[host]`, where the layout puts them), then removed
+    there. Best effort: what failed is recorded in the manifest."""
     def one(name: str, s: remote.Session) -> list[Path] | str:
         try:
             got = s.get_tree(remote_dirs[name], run.path / rundir.AGENTS / name)
@@ -28,7 +29,7 @@ def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remot
             return f"{name}: {exc}"
 
     errors = []
-    for got in fleet.each(one).values():  # every host at once
+    for host, got in fleet.each(one).items():  # every host at once
         if isinstance(got, str):
             errors.append(got)
             continue
@@ -37,8 +38,9 @@ def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remot
                 f.replace(run.path / rundir.PCAPS / f.name)
             elif f.parent.name == rundir.TRUTH:
                 f.replace(run.path / rundir.TRUTH / f.name)
-            elif f.name == rundir.OCCUPANCY:
-                f.replace(run.path / rundir.SWITCH / rundir.OCCUPANCY)
+            elif f.name == rundir.OCCUPANCY and host in switch_dirs:
+                switch_dirs[host].mkdir(parents=True, exist_ok=True)
+                f.replace(switch_dirs[host] / rundir.OCCUPANCY)
     for d in (run.path / rundir.AGENTS).glob("*/*"):
         if d.is_dir() and not any(d.iterdir()):
             d.rmdir()
@@ -52,11 +54,15 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
     finals = {d.name: json.loads((d / rundir.FINAL).read_text())
               for d in agents.iterdir() if (d / rundir.FINAL).exists()} if agents.exists() else {}
     out: dict = {"wall_s": round(time.monotonic() - t0, 2), "steps": steps}
-    before = run.path / rundir.SWITCH / rundir.COUNTERS_BEFORE
-    after = run.path / rundir.SWITCH / rundir.COUNTERS_AFTER
-    if before.exists() and after.exists():
-        b, a = json.loads(before.read_text())["switch"], json.loads(after.read_text())["switch"]
-        out["switch"] = {k: a[k] - b[k] for k in a}
+    totals: dict[str, int] = {}
+    for d in rundir.switch_dirs(run.path).values():  # every switch of the run: summed
+        before, after = d / rundir.COUNTERS_BEFORE, d / rundir.COUNTERS_AFTER
+        if before.exists() and after.exists():
+            b, a = json.loads(before.read_text())["switch"], json.loads(after.read_text())["switch"]
+            for k in a:
+                totals[k] = totals.get(k, 0) + a[k] - b[k]
+    if totals:
+        out["switch"] = totals
     for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
         if w.name not in finals and rank in script_results and script_results[rank].checksum:
             done = script_results[rank]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from pathlib import Path
 
 from trimlab import remote, rundir
 from trimlab.errors import TrimlabError
@@ -64,9 +65,9 @@ class Execution:
             s.run(["mkdir", "-p", self.rdir(name)], timeout=30).check()
             s.put(cfg_path, self.rdir(name, rundir.AGENT_CONFIG))
         self.fleet.each(one)
-        self.run.record(hosts=self.facts(), agent_config=self.cfg.model_dump(mode="json"))
-        if self.p.switch.os == "vswitch":
-            self.counters(rundir.COUNTERS_BEFORE)
+        self.run.record(hosts=self.facts(), agent_config=self.cfg.model_dump(mode="json"),
+                        switches=[self.p.label(sw) for sw in self.p.switches], links=self.p.links())
+        self.counters(rundir.COUNTERS_BEFORE)
 
     def facts(self) -> dict:
         """Per host: kernel, management address, role, data addresses and switch port (the
@@ -76,22 +77,30 @@ class Execution:
             entry = self.p.entry(name)
             out = {"kernel": r.stdout.strip(), "address": self.p.hosts[name].address,
                    "role": getattr(entry, "role", "switch")}
-            if entry is not self.p.switch:
+            if entry not in self.p.switches:
                 out |= {k: entry.vars[k] for k in ("data_ipv4", "data_ipv6") if entry.vars.get(k)}
-                out["switch_port"] = self.p.switch_port(name)
+                sw, out["switch_port"] = self.p.switch_of(name)
+                out["switch"] = self.p.label(sw)
             return out
         return self.fleet.each(one)
 
-    def counters(self, filename: str) -> dict:
-        r = self.session(self.p.switch.name).run(launch.counters(self.p, self._rack_args()), timeout=60).check()
-        (self.run.path / rundir.SWITCH / filename).write_text(r.stdout + "\n")
-        return json.loads(r.stdout)
+    def switch_dir(self, sw) -> Path:
+        return rundir.switch_dir(self.run.path, self.p.label(sw) if len(self.p.switches) > 1 else None)
+
+    def counters(self, filename: str) -> None:
+        """Every virtual switch's counters, each into its switch directory."""
+        for sw in self.p.virtual_switches:
+            r = self.session(sw.name).run(launch.counters(self.p, sw, self._rack_args()), timeout=60).check()
+            json.loads(r.stdout)  # a switch that answers something else fails here, not in the analysis
+            d = self.switch_dir(sw)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / filename).write_text(r.stdout + "\n")
 
     def start_observers(self) -> None:
-        sw, spec, m = self.p.switch.name, self.spec, self.monitor
-        if self.p.switch.os == "vswitch":
-            self.start(sw, "sampler", launch.sampler(self.p, self.rdir(sw, rundir.OCCUPANCY), self._rack_args()),
-                       essential=False)
+        spec, m = self.spec, self.monitor
+        for sw in self.p.virtual_switches:
+            self.start(sw.name, "sampler", launch.sampler(self.p, sw, self.rdir(sw.name, rundir.OCCUPANCY),
+                                                          self._rack_args()), essential=False)
         points = spec.capture.points
         targets = []
         if "workers" in points:
@@ -103,10 +112,10 @@ class Execution:
             bpf = launch.capture_filter(spec, flows if h is self.p.sink else 0)
             argv = launch.capture(self.p, h.name, [h.data_if], snap, self.rdir(h.name, rundir.PCAPS), bpf)
             self.start(h.name, "capture", argv, essential=True, on_line=m.readiness(f"cap-{h.name}"))
-        if "switch" in points:
-            argv = launch.capture(self.p, sw, list(self.p.switch.ports), spec.capture.sender_snaplen,
-                                  self.rdir(sw, rundir.PCAPS), launch.capture_filter(spec))
-            self.start(sw, "capture", argv, essential=True, on_line=m.readiness(f"cap-{sw}"))
+        for sw in self.p.switches if "switch" in points else ():
+            argv = launch.capture(self.p, sw.name, list(sw.ports), spec.capture.sender_snaplen,
+                                  self.rdir(sw.name, rundir.PCAPS), launch.capture_filter(spec))
+            self.start(sw.name, "capture", argv, essential=True, on_line=m.readiness(f"cap-{sw.name}"))
         m.wait_ready("capture")
 
     def start_traffic(self) -> None:
@@ -156,13 +165,12 @@ class Execution:
                 self.monitor.stop()
             if self.fleet is not None:
                 with self.phase("collect"):
-                    if self.p.switch.os == "vswitch":
-                        try:
-                            self.counters(rundir.COUNTERS_AFTER)
-                        except (TrimlabError, OSError, EOFError, ValueError):
-                            pass
+                    try:
+                        self.counters(rundir.COUNTERS_AFTER)
+                    except (TrimlabError, OSError, EOFError, ValueError):
+                        pass
                     collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},
-                                    self.remote_dir)
+                                    self.remote_dir, {sw.name: self.switch_dir(sw) for sw in self.p.switches})
                     self.fleet.close()
             self.run.record(phases_s=self.phases)
         return collect.results(self.run, self.p, self.spec.workload.steps, self.monitor.training.script_results,

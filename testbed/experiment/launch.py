@@ -4,6 +4,7 @@ only place that knows how an agent is started on a host."""
 from __future__ import annotations
 
 from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
+from trimlab.inventory import SwitchEntry
 from trimlab.experiment.placement import Placement, ddp_script
 from trimlab.spec import BackgroundFlow, ExperimentSpec
 
@@ -30,13 +31,18 @@ def capture(p: Placement, host: str, ifaces: list[str], snaplen: int, out: str, 
     return argv
 
 
-def sampler(p: Placement, out: str, rack_args: list[str]) -> list[str]:
-    sw = p.switch.name
-    return [p.cli(sw), "switch", "sample", "--out", out, *rack_args]
+def _switch_args(sw: SwitchEntry, rack_args: list[str]) -> list[str]:
+    """Which rack, and which of its switches (a fabric's inventory names each)."""
+    name = sw.vars.get("trimlab_switch")
+    return [*rack_args, *(["--switch", str(name)] if name else [])]
 
 
-def counters(p: Placement, rack_args: list[str]) -> list[str]:
-    return [p.cli(p.switch.name), "switch", "counters", "--json", *rack_args]
+def sampler(p: Placement, sw: SwitchEntry, out: str, rack_args: list[str]) -> list[str]:
+    return [p.cli(sw.name), "switch", "sample", "--out", out, *_switch_args(sw, rack_args)]
+
+
+def counters(p: Placement, sw: SwitchEntry, rack_args: list[str]) -> list[str]:
+    return [p.cli(sw.name), "switch", "counters", "--json", *_switch_args(sw, rack_args)]
 
 
 def sink(p: Placement, i: int, flow: BackgroundFlow, dst: str) -> list[str]:

@@ -41,7 +41,7 @@ def ddp_script(spec: ExperimentSpec) -> str:
 @dataclass
 class Placement:
     rack: inv.Rack
-    switch: inv.SwitchEntry
+    switches: list[inv.SwitchEntry]
     workers: list[inv.HostEntry]
     ps: inv.HostEntry | None
     traffic: list[inv.HostEntry]
@@ -56,7 +56,17 @@ class Placement:
         return self.ps or self.workers[0]
 
     def entries(self) -> list[inv.HostEntry | inv.SwitchEntry]:
-        return [self.switch, *self.workers, *self.traffic, *([self.ps] if self.ps else [])]
+        return [*self.switches, *self.workers, *self.traffic, *([self.ps] if self.ps else [])]
+
+    @property
+    def virtual_switches(self) -> list[inv.SwitchEntry]:
+        """The switches whose counters and queues a run reads (trimlab's virtual switch)."""
+        return [s for s in self.switches if s.os == "vswitch"]
+
+    def label(self, sw: inv.SwitchEntry) -> str:
+        """A switch's name in the run directory: the rack's own name for it (leaf1, spine1)
+        where the inventory gives one, else its inventory name."""
+        return str(sw.vars.get("trimlab_switch") or sw.name)
 
     def entry(self, name: str) -> inv.HostEntry | inv.SwitchEntry:
         return next(e for e in self.entries() if e.name == name)
@@ -67,10 +77,26 @@ class Placement:
     def cli(self, name: str) -> str:
         return (self.rack.vars | self.entry(name).vars).get("trimlab_cli", "/opt/trimlab/venv/bin/trimlab")
 
-    def switch_port(self, name: str) -> str | None:
-        """The switch port a host is cabled to."""
-        return next((p for p, d in self.switch.ports.items() if d.get("host") == name),
-                    self.entry(name).vars.get("switch_port"))
+    def links(self) -> list[tuple[str, str]]:
+        """Switch-to-switch links as (label:port, label:port), each once, from the inventory's
+        network-facing ports that name their peer (`peer: SWITCH:PORT`)."""
+        by_name = {sw.name: sw for sw in self.switches}
+        out = set()
+        for sw in self.switches:
+            for port, d in sw.ports.items():
+                peer_sw, _, peer_port = str(d.get("peer") or "").rpartition(":")
+                if peer_sw in by_name:
+                    a, b = f"{self.label(sw)}:{port}", f"{self.label(by_name[peer_sw])}:{peer_port}"
+                    out.add((min(a, b), max(a, b)))
+        return sorted(out)
+
+    def switch_of(self, name: str) -> tuple[inv.SwitchEntry, str | None]:
+        """The switch and port a host is cabled to (the inventory's ports, else its switch_port)."""
+        for sw in self.switches:
+            for port, d in sw.ports.items():
+                if d.get("host") == name:
+                    return sw, port
+        return self.switches[0], self.entry(name).vars.get("switch_port")
 
 
 def place(rack: inv.Rack, spec: ExperimentSpec) -> Placement:
@@ -89,12 +115,11 @@ def place(rack: inv.Rack, spec: ExperimentSpec) -> Placement:
     for h in rack.hosts:
         if not h.vars.get(family):
             raise SpecError(f"host {h.name}: {family} is missing (transport.ipv6={spec.transport.ipv6})")
-    if len(rack.switches) != 1:
-        raise SpecError(f"inventory {rack.path}: a run drives one trimming switch, found {len(rack.switches)}")
-    if "switch" in spec.capture.points and rack.switches[0].os != "vswitch":
-        raise SpecError("capture.points: 'switch' needs the virtual switch (a real switch's ports "
-                        "are captured with a tap or mirror port)")
-    p = Placement(rack, rack.switches[0], by_role["worker"],
+    real = [s.name for s in rack.switches if s.os != "vswitch"]
+    if "switch" in spec.capture.points and real:
+        raise SpecError(f"capture.points: 'switch' needs the virtual switch; {real[0]} is {rack.switches[0].os} "
+                        "(a real switch's ports are captured with a tap or mirror port)")
+    p = Placement(rack, rack.switches, by_role["worker"],
                   by_role["ps"][0] if spec.topology == "ps" else None, by_role["traffic"])
     for e in p.entries():
         p.hosts[e.name] = remote.Host.from_inventory(e.name, e.vars, rack.vars)

@@ -32,7 +32,7 @@ from trimlab.vrack import rack as vrack
 
 def _rack_key(spec: ExperimentSpec) -> tuple:
     v = spec.rack.virtual
-    return (v.workers, v.traffic_hosts, v.rate, v.mtu, spec.topology)
+    return (v.workers, v.traffic_hosts, v.rate, v.mtu, spec.topology, v.fabric)
 
 
 def _provision(inventory: Path, profile_path: Path, switch_only: bool, console) -> None:
@@ -75,17 +75,19 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
                     state = None
                 v = pt.rack.virtual
                 rid = "r" + secrets.token_hex(3)[:5]
+                f = v.fabric
                 st = vrack.plan(rid, v.workers, 1 if pt.topology == "ps" else 0, v.traffic_hosts,
-                                v.rate, v.mtu, 0.0)
+                                v.rate, v.mtu, 0.0, *((f.leaves, f.spines, f.uplink_rate) if f else ()))
                 if console is not None:
-                    console.print(f"bringing up virtual rack {rid} ({v.workers} workers, {v.rate})")
+                    shape = f" on {f.leaves} leaves and {f.spines} spines" if f else ""
+                    console.print(f"bringing up virtual rack {rid} ({v.workers} workers, {v.rate}{shape})")
                 state, key, provisioned = vrack.up(st), _rack_key(pt), False
             inventory_path = Path(inventory) if lab is not None else state.inventory
             rack = lab or inv.load(inventory_path)
             placement = place(rack, pt)
             mtu = int(rack.vars.get("data_mtu", 1500))
             rate = state.rate_bps if state else 1_000_000 * int(
-                next(iter(placement.switch.ports.values())).get("speed_mbps", 100_000))
+                next(iter(placement.switches[0].ports.values())).get("speed_mbps", 100_000))
             with RunDir.create(parent, pt) as run_dir:
                 dirs.append(run_dir.path)
                 shutil.copy(inventory_path, run_dir.path / rundir.INVENTORY)

@@ -25,8 +25,6 @@ class VSwitchTarget(Sonic):
         SwitchTarget.check(self, profile, ports)  # not Sonic.check: other limits here
         if not MIN_TRIM_SIZE <= profile.size <= self.mtu + 14:
             raise self.fail("size", profile.size, f"{MIN_TRIM_SIZE}..{self.mtu + 14} bytes (MTU {self.mtu})")
-        if profile.dscp == "from-tc":
-            raise self.fail("dscp", profile.dscp, "a DSCP 0..63 (from-tc is not implemented)")
         if profile.queue == "dynamic" or not 0 <= profile.queue <= 7:
             raise self.fail("queue", profile.queue, "a queue 0..7 (no dynamic)")
         if profile.exempt_sources:

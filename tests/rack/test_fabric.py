@@ -102,6 +102,31 @@ def test_every_switch_is_provisioned_through_ansible(fabric):
     assert again.rc == 0 and not any(r.changed for r in again.hosts.values())
 
 
+def test_asymmetric_profile_marks_trims_by_the_facing_of_the_port(fabric):
+    """Provisioned with the asymmetric profile (from-tc): a packet trimmed leaving a spine
+    (network-facing) arrives with DSCP 10, one trimmed leaving leaf1 towards its host
+    with DSCP 20, so the receiver can tell where the congestion was."""
+    from trimlab import provision
+    out = provision.run(fabric.inventory, profile="asymmetric")
+    assert out.rc == 0 and not out.failures, out.failures
+    assert fabric.vswitch("leaf1").read().trim_dscp["Ethernet240"] == 10
+    seen = {}
+    for where in (("spine1", "spine2"), ("leaf1",)):
+        for sw in where:
+            fabric.vswitch(sw).apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": "1", "action": "trim"}}})
+        try:
+            rx = Receiver(fabric, "w1")
+            ns_python(fabric, "w2", "udp_burst", f"dst={addr(fabric, 'w1', False)}", "count=10", "size=1000",
+                      "tos=40").wait()
+            got = rx.result()
+        finally:
+            for sw in where:
+                fabric.vswitch(sw).apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": "0"}}})
+        assert len(got) == 10 and {n for _, _, n, _, _ in got} == {528 - 14 - 20 - 8}
+        seen[where[0][:5]] = {tos >> 2 for *_, tos, _ in got}
+    assert seen == {"spine": {10}, "leaf1": {20}}
+
+
 def test_bad_fabric_options_touch_nothing():
     require_root()
     from tests.rack.test_rack import leftovers
@@ -123,3 +148,75 @@ def test_down_leaves_nothing(rack_factory):
     pids = sshd_pids(st)
     rack.down(st)
     assert_clean(st.id, pids)
+
+
+def test_fabric_sweep_locates_each_bottleneck_and_every_observer_agrees(tmp_path):
+    """experiments/fabric.yaml as shipped (steps cut for time): at the ps's port, then at
+    leaf2's uplink to the spine; every check agrees, trims are located at that port."""
+    require_root()
+    import pandas as pd
+
+    from tests.rack.test_run import assert_nothing_left, manifest, trimlab_run
+    spec = yaml.safe_load((ROOT / "experiments" / "fabric.yaml").read_text())
+    spec["workload"]["steps"] = 20
+    path = tmp_path / "fabric.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = trimlab_run(path, tmp_path / "runs", timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep = next((tmp_path / "runs").iterdir())
+    runs = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert len(runs) == 2
+    for run_dir, bottleneck in zip(runs, ("leaf1:Ethernet8", "leaf2:Ethernet240")):
+        m = manifest(run_dir)
+        assert m["status"] == "succeeded" and m["results"]["parameters_identical"]
+        assert m["switches"] == ["leaf1", "leaf2", "spine1"]
+        assert sorted(map(tuple, m["links"])) == [("leaf1:Ethernet240", "spine1:Ethernet0"),
+                                                  ("leaf2:Ethernet240", "spine1:Ethernet4")]
+        checks = json.loads((run_dir / "checks.json").read_text())
+        assert checks["all_agree"], [c for c in checks["checks"] if c["status"] != "agree"]
+        names = {c["check"] for c in checks["checks"]}
+        assert {"switch trims = captures (every hop)", "switch drops = never received (every hop)",
+                "trims located"} <= names
+        table = pd.read_parquet(run_dir / "packets.parquet")
+        where = table.loc[table["trimmed"], "trimmed_at"].value_counts()
+        assert where.index[0] == bottleneck and where.iloc[0] > 0, where
+        for d in ("leaf1", "leaf2", "spine1"):
+            assert (run_dir / "switch" / d / "counters_after.json").exists()
+            assert (run_dir / "switch" / d / "occupancy.csv").stat().st_size > 0
+        assert 'id="fig-fabric"' in (run_dir / "report.html").read_text()
+        assert_nothing_left(m["rack_id"], run_dir.name)
+
+
+def test_down_all_after_sigkill_mid_up_of_a_fabric():
+    """Killed once the first leaf's program is pinned (namespaces, uplinks, pins half
+    built), with the state file gone too: `rack down --all` still leaves nothing."""
+    require_root()
+    import shutil
+    import signal
+    import time
+    from pathlib import Path
+
+    from tests.rack.test_rack import assert_clean, leftovers
+    from trimlab.vrack import rack
+    rid = new_id()
+    proc = subprocess.Popen(CLI + ["rack", "up", "--id", rid, "--workers", "4", "--leaves", "2", "--spines", "2"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(f"/sys/fs/bpf/tl{rid}/leaf1/prog").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert leftovers(rid)["namespaces"] and leftovers(rid)["pins"]  # a half-built fabric
+        shutil.rmtree(rack.racks_dir() / rid)
+        out = subprocess.run(CLI + ["rack", "down", "--all"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert_clean(rid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            rack.down(rack.RackState.load(rid))
+        except rack.RackError:
+            pass

@@ -38,7 +38,9 @@ def test_exact_table_and_all_observers_agree(tmp_path, codec):
     assert {key(r) for r in rows[rows["dropped"]].itertuples()} == DROPS
     for r in rows[rows["trimmed"]].itertuples():
         assert r.recv_len == wire.HEADER_LEN + TRIMS[key(r)] and r.dscp_recv == 48 and r.dscp_sent == 10
+        assert r.trimmed_at == "Ethernet8"  # one switch: the ps's port, the only one on the path
         assert r.planes == min(8 * TRIMS[key(r)] // r.coords, get_codec(codec).planes)
+    assert rows.loc[~rows["trimmed"], "trimmed_at"].isna().all()
     whole = rows[~rows["trimmed"] & ~rows["dropped"]]
     assert (whole["recv_len"] == whole["sent_len"]).all() and ((whole["delay_us"] - 50).abs() < 2).all()
     assert rows["dropped"].eq(rows["recv_len"].isna()).all()

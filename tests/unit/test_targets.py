@@ -1,6 +1,7 @@
 """Switch targets: golden renderings of every shipped profile on every target, and each
 target's limits as one clear error."""
 
+import json
 import os
 from pathlib import Path
 
@@ -52,7 +53,6 @@ def profile(**kw):
     ("sonic", {"injection": {"probability": 0.5}}, "injection.probability=0.5: target sonic allows 0 only"),
     ("vswitch", {"size": 40}, "size=40: target vswitch allows 62..9014 bytes"),
     ("vswitch", {"queue": "dynamic"}, "queue='dynamic': target vswitch allows a queue 0..7"),
-    ("vswitch", {"dscp": "from-tc", "trim_tc": 4, "port_dscp": {"host": 1}}, "dscp='from-tc': target vswitch"),
 ])
 def test_target_limits_name_field_target_and_range(target, kw, msg):
     if msg is None:
@@ -124,3 +124,21 @@ def test_vswitch_rendering_is_what_the_virtual_switch_reads():
     cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
     assert (cfg.size, cfg.dscp_value, cfg.queue_index) == (128, 48, 6)
     assert cfg.actions["Ethernet0"][3] == "trim" and cfg.budgets["Ethernet0"][6] == 65536
+
+
+def test_asymmetric_profile_gives_each_port_the_dscp_of_its_facing():
+    from trimlab.vrack.vswitch import config_diff, default_config, parse_config_db
+    ports = [Port("Ethernet0"), Port("Ethernet240", "network")]
+    names = [p.name for p in ports]
+    r = get_target("vswitch").render(load_profile("asymmetric"), ports)
+    cfg = parse_config_db(r.config, names, default_config(names, 1000), mtu=1500)
+    assert cfg.tc_value == 4 and cfg.trim_dscp == {"Ethernet0": 20, "Ethernet240": 10}
+    assert cfg.to_config_db()["SWITCH_TRIMMING"]["GLOBAL"] == r.config["SWITCH_TRIMMING"]["GLOBAL"]
+    again = parse_config_db(cfg.to_config_db(), names, cfg, mtu=1500)  # what it reads back means the same
+    assert config_diff(cfg, again) == {}
+    back = parse_config_db({"SWITCH_TRIMMING": {"GLOBAL": {"dscp_value": "46"}}}, names, cfg, mtu=1500)
+    assert back.tc_value is None and back.port_trim_dscp("Ethernet240") == 46
+    bad = json.loads(json.dumps(r.config))
+    del bad["PORT_QOS_MAP"]["Ethernet240"]
+    with pytest.raises(SpecError, match="PORT_QOS_MAP|Ethernet240.tc_to_dscp_map: from-tc needs"):
+        parse_config_db(bad, names, default_config(names, 1000), mtu=1500)

@@ -38,7 +38,7 @@ ACTIONS = {"drop": 0, "trim": 1}
 COUNTERS = ("TX_PKTS", "TX_BYTES", "TRIM_PKTS", "TRIM_TX_PKTS", "TRIM_DRP_PKTS", "DROP_PKTS")
 _QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then COUNTERS order below
 _GCFG = struct.Struct("<8I")
-_PORTCFG = struct.Struct("<Q8I8B")
+_PORTCFG = struct.Struct("<Q8I8BB7x")  # rate, budgets, actions, trimmed-packet DSCP
 _U32 = struct.Struct("<I")
 
 
@@ -119,6 +119,8 @@ class SwitchConfig:
     size: int = 128
     dscp_value: int = 48
     queue_index: int = 7
+    tc_value: int | None = None  # from-tc: the trim TC, whose DSCP each port's map gives
+    trim_dscp: dict[str, int] = field(default_factory=dict)  # from-tc: port -> DSCP of its trimmed packets
     dscp_to_queue: list[int] = field(default_factory=lambda: [d >> 3 for d in range(64)])
     budgets: dict[str, list[int]] = field(default_factory=dict)  # port -> bytes per queue
     actions: dict[str, list[str]] = field(default_factory=dict)  # port -> action per queue
@@ -126,6 +128,9 @@ class SwitchConfig:
     inject_probability: float = 0.0
     inject_action: str = "trim"
     inject_seed: int = 0
+
+    def port_trim_dscp(self, port: str) -> int:
+        return self.trim_dscp[port] if self.tc_value is not None else self.dscp_value
 
     def to_config_db(self) -> dict:
         """The SONiC Config DB fragment that means this configuration."""
@@ -137,9 +142,18 @@ class SwitchConfig:
                                   "static_th": str(budget[q]),
                                   "packet_discard_action": self.actions[port][q]}
                 queues[f"{port}|{q}"] = {"profile": name}
+        glob = {"size": str(self.size), "dscp_value": str(self.dscp_value), "queue_index": str(self.queue_index)}
+        from_tc = {}
+        if self.tc_value is not None:  # one TC_TO_DSCP map per distinct DSCP, named by it
+            glob = {"size": str(self.size), "dscp_value": "from-tc", "tc_value": str(self.tc_value),
+                    "queue_index": str(self.queue_index)}
+            from_tc = {"TC_TO_DSCP_MAP": {f"trimlab_trim_dscp_{d}": {str(self.tc_value): str(d)}
+                                          for d in sorted(set(self.trim_dscp.values()))},
+                       "PORT_QOS_MAP": {p: {"tc_to_dscp_map": f"trimlab_trim_dscp_{d}"}
+                                        for p, d in self.trim_dscp.items()}}
         return {
-            "SWITCH_TRIMMING": {"GLOBAL": {"size": str(self.size), "dscp_value": str(self.dscp_value),
-                                           "queue_index": str(self.queue_index)}},
+            "SWITCH_TRIMMING": {"GLOBAL": glob},
+            **from_tc,
             "DSCP_TO_TC_MAP": {"TRIMLAB": {str(d): str(q) for d, q in enumerate(self.dscp_to_queue)}},
             "TC_TO_QUEUE_MAP": {"TRIMLAB": {str(q): str(q) for q in range(NQ)}},
             "BUFFER_PROFILE": profiles,
@@ -183,11 +197,29 @@ def _queue_list(spec: str, where: str) -> list[int]:
     return out
 
 
+def _from_tc(doc: dict, g: dict, ports: list[str], cfg: SwitchConfig) -> None:
+    """dscp_value from-tc: each port's trimmed packets take the DSCP its PORT_QOS_MAP's
+    tc_to_dscp_map gives the trim TC (tc_value): asymmetric profiles, per facing."""
+    if "tc_value" not in g:
+        raise SpecError("SWITCH_TRIMMING|GLOBAL.tc_value: from-tc needs the trim TC (0..7)")
+    tc = _int(g["tc_value"], "SWITCH_TRIMMING|GLOBAL.tc_value", 0, NQ - 1)
+    maps, qos = doc.get("TC_TO_DSCP_MAP", {}), doc.get("PORT_QOS_MAP", {})
+    dscp = {}
+    for port in ports:
+        name = qos.get(port, {}).get("tc_to_dscp_map")
+        if name is None:
+            raise SpecError(f"PORT_QOS_MAP|{port}.tc_to_dscp_map: from-tc needs a TC_TO_DSCP map on every port")
+        if name not in maps or str(tc) not in maps[name]:
+            raise SpecError(f"TC_TO_DSCP_MAP|{name}: no DSCP for the trim TC {tc} (PORT_QOS_MAP|{port})")
+        dscp[port] = _int(maps[name][str(tc)], f"TC_TO_DSCP_MAP|{name}.{tc}", 0, 63)
+    cfg.tc_value, cfg.trim_dscp = tc, dscp
+
+
 def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int) -> SwitchConfig:
     """Merge a Config DB fragment into `current`; every error names the table and key."""
     cfg = copy.deepcopy(current)
     known = {"SWITCH_TRIMMING", "BUFFER_PROFILE", "BUFFER_QUEUE", "DSCP_TO_TC_MAP",
-             "TC_TO_QUEUE_MAP", "PORT_QOS_MAP", "PORT", "TRIMLAB_INJECT", "BUFFER_POOL"}
+             "TC_TO_QUEUE_MAP", "TC_TO_DSCP_MAP", "PORT_QOS_MAP", "PORT", "TRIMLAB_INJECT", "BUFFER_POOL"}
     for table in doc:
         if table not in known:
             raise SpecError(f"{table}: unknown table; the virtual switch reads {', '.join(sorted(known))}")
@@ -196,9 +228,10 @@ def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int
         cfg.size = _int(g["size"], "SWITCH_TRIMMING|GLOBAL.size", MIN_TRIM_SIZE, mtu + 14)
     if "dscp_value" in g:
         if str(g["dscp_value"]) == "from-tc":
-            raise SpecError("SWITCH_TRIMMING|GLOBAL.dscp_value: from-tc is not supported by the "
-                            "virtual switch; give a DSCP 0..63")
-        cfg.dscp_value = _int(g["dscp_value"], "SWITCH_TRIMMING|GLOBAL.dscp_value", 0, 63)
+            _from_tc(doc, g, ports, cfg)
+        else:
+            cfg.dscp_value = _int(g["dscp_value"], "SWITCH_TRIMMING|GLOBAL.dscp_value", 0, 63)
+            cfg.tc_value, cfg.trim_dscp = None, {}
     if "queue_index" in g:
         if str(g["queue_index"]) == "dynamic":
             raise SpecError("SWITCH_TRIMMING|GLOBAL.queue_index: dynamic is not supported by the "
@@ -282,20 +315,21 @@ class VSwitch:
             for i, port in enumerate(self.ports):
                 rate = cfg.speeds[port] * 1_000_000 // 8
                 acts = [ACTIONS[a] for a in cfg.actions[port]]
-                m.update(i, _PORTCFG.pack(rate, *cfg.budgets[port], *acts))
+                m.update(i, _PORTCFG.pack(rate, *cfg.budgets[port], *acts, cfg.port_trim_dscp(port)))
         with self._map("dscp_queue", 4) as m:
             for d, q in enumerate(cfg.dscp_to_queue):
                 m.update(d, _U32.pack(q))
         p32 = min(int(cfg.inject_probability * (1 << 32)), (1 << 32) - 1)
         with self._map("config", _GCFG.size) as m:
             m.update(0, _GCFG.pack(1, cfg.size, cfg.dscp_value, cfg.queue_index, p32,
-                                   ACTIONS[cfg.inject_action], cfg.inject_seed, 0))
+                                   ACTIONS[cfg.inject_action], cfg.inject_seed,
+                                   0 if cfg.tc_value is None else cfg.tc_value + 1))  # pad: from-tc's TC + 1
 
     def read(self) -> SwitchConfig:
         with self._map("config", _GCFG.size) as m:
-            enabled, size, dscp, qidx, p32, inj_act, seed, _ = _GCFG.unpack(m.lookup(0))
+            enabled, size, dscp, qidx, p32, inj_act, seed, tc1 = _GCFG.unpack(m.lookup(0))
         names = {v: k for k, v in ACTIONS.items()}
-        cfg = SwitchConfig(size=size, dscp_value=dscp, queue_index=qidx,
+        cfg = SwitchConfig(size=size, dscp_value=dscp, queue_index=qidx, tc_value=tc1 - 1 if tc1 else None,
                            inject_probability=p32 / (1 << 32), inject_action=names[inj_act],
                            inject_seed=seed)
         with self._map("dscp_queue", 4) as m:
@@ -305,7 +339,9 @@ class VSwitch:
                 rate, *rest = _PORTCFG.unpack(m.lookup(i))
                 cfg.speeds[port] = rate * 8 // 1_000_000
                 cfg.budgets[port] = list(rest[:NQ])
-                cfg.actions[port] = [names[a] for a in rest[NQ:]]
+                cfg.actions[port] = [names[a] for a in rest[NQ:2 * NQ]]
+                if cfg.tc_value is not None:
+                    cfg.trim_dscp[port] = rest[2 * NQ]
         return cfg
 
     def plan(self, doc: dict) -> tuple[SwitchConfig, SwitchConfig, dict]:

@@ -5,7 +5,8 @@
 // under-approximates occupancy with a meter); HTB strict-priority bands under the port
 // rate do the real scheduling (skb->priority = 1:(10 + band), band 0 first, band = 7 - queue).
 // Admission fails on a `trim` queue: the packet is cut to `size` bytes from the Ethernet
-// header, its DSCP set to `dscp_value` (ECN kept), IP and L4 lengths and checksums
+// header, its DSCP set to the port's trimmed-packet DSCP (`dscp_value`, or with from-tc the
+// port's TC_TO_DSCP map of the trim TC; ECN kept), IP and L4 lengths and checksums
 // rewritten, and it is sent on `queue_index` (own budget; over it: dropped, counted).
 // On a `drop` queue it is dropped. Deterministic injection trims/drops an eligible packet
 // when a hash of its identity falls under p, whatever the occupancy.
@@ -45,7 +46,7 @@ struct qstate {
 struct gcfg {
 	__u32 enabled;
 	__u32 size;         // trim size, bytes from the Ethernet header
-	__u32 dscp_value;   // DSCP of trimmed packets
+	__u32 dscp_value;   // DSCP of trimmed packets (from-tc: each port's trim_dscp)
 	__u32 queue_index;  // queue of trimmed packets
 	__u32 inject_p;     // injection probability × 2^32 (0: off)
 	__u32 inject_action;
@@ -57,6 +58,8 @@ struct portcfg {
 	__u64 rate;  // bytes per second
 	__u32 budget[NQ];
 	__u8 action[NQ];
+	__u8 trim_dscp;  // DSCP of packets trimmed leaving this port
+	__u8 pad[7];
 };
 
 struct {
@@ -291,7 +294,7 @@ int trimlab_egress(struct __sk_buff *skb)
 		__u8 hdr[2];
 		if (bpf_skb_load_bytes(skb, l3, hdr, 2) < 0)
 			return TC_ACT_SHOT;
-		__u8 tclass = (cfg->dscp_value << 2) | (((hdr[0] & 0x0f) << 4 | hdr[1] >> 4) & 3);
+		__u8 tclass = ((pc->trim_dscp & 63) << 2) | (((hdr[0] & 0x0f) << 4 | hdr[1] >> 4) & 3);
 		hdr[0] = 0x60 | (tclass >> 4);
 		hdr[1] = (tclass << 4) | (hdr[1] & 0x0f);
 		__be16 plen = bpf_htons(l4len);
@@ -301,7 +304,7 @@ int trimlab_egress(struct __sk_buff *skb)
 		__u8 tos;
 		if (bpf_skb_load_bytes(skb, l3 + 1, &tos, 1) < 0)
 			return TC_ACT_SHOT;
-		tos = (cfg->dscp_value << 2) | (tos & 3);
+		tos = ((pc->trim_dscp & 63) << 2) | (tos & 3);
 		__be16 tot = bpf_htons(len - l3);
 		__u16 zero16 = 0;
 		bpf_skb_store_bytes(skb, l3 + 1, &tos, 1, 0);
