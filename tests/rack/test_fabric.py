@@ -3,6 +3,7 @@ both address families, equal-cost multipath spreads flows over the spines, a pac
 trimmed at a spine arrives cut to the trim size and is counted at that spine only, every
 switch is provisioned through Ansible, and nothing is left behind."""
 
+import json
 import subprocess
 import sys
 
@@ -164,7 +165,7 @@ def test_fabric_sweep_locates_each_bottleneck_and_every_observer_agrees(tmp_path
     out = trimlab_run(path, tmp_path / "runs", timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     sweep = next((tmp_path / "runs").iterdir())
-    runs = sorted(d for d in sweep.iterdir() if d.is_dir())
+    runs = sorted(d for d in sweep.iterdir() if (d / "manifest.json").exists())
     assert len(runs) == 2
     for run_dir, bottleneck in zip(runs, ("leaf1:Ethernet8", "leaf2:Ethernet240")):
         m = manifest(run_dir)
