@@ -4,8 +4,8 @@ only place that knows how an agent is started on a host."""
 from __future__ import annotations
 
 from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
-from trimlab.inventory import SwitchEntry
 from trimlab.experiment.placement import Placement, ddp_script
+from trimlab.inventory import SwitchEntry
 from trimlab.spec import BackgroundFlow, ExperimentSpec
 
 
