@@ -160,6 +160,7 @@ def test_fabric_sweep_locates_each_bottleneck_and_every_observer_agrees(tmp_path
     from tests.rack.test_run import assert_nothing_left, manifest, trimlab_run
     spec = yaml.safe_load((ROOT / "experiments" / "fabric.yaml").read_text())
     spec["workload"]["steps"] = 20
+    spec["capture"]["points"].append("switch")  # every port of every switch, too
     path = tmp_path / "fabric.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = trimlab_run(path, tmp_path / "runs", timeout=900)
@@ -185,6 +186,9 @@ def test_fabric_sweep_locates_each_bottleneck_and_every_observer_agrees(tmp_path
             assert (run_dir / "switch" / d / "counters_after.json").exists()
             assert (run_dir / "switch" / d / "occupancy.csv").stat().st_size > 0
         assert 'id="fig-fabric"' in (run_dir / "report.html").read_text()
+        pcaps = {p.name for p in (run_dir / "pcaps").glob("*.pcap")}
+        assert {f"tl{m['rack_id']}-leaf2-Ethernet240.pcap", f"tl{m['rack_id']}-spine1-Ethernet0.pcap",
+                f"tl{m['rack_id']}-leaf1-Ethernet8.pcap"} <= pcaps, pcaps  # NAME-PORT.pcap per switch port
         assert_nothing_left(m["rack_id"], run_dir.name)
 
 
