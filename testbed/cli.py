@@ -87,6 +87,11 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
     else:
         console.print(f"  trimmed to {f['trim_size']}: {f['body_bytes_kept']} body bytes, "
                       f"{f['bits_per_coord_kept']:.3f} bits/coord, expected NMSE {f['expected_nmse_trimmed']:.3g}")
+        if f["rotated"] and not f["every_coord_kept"]:
+            console.print(f"  [yellow]warning:[/] a trim leaves {f['coords'] - 8 * f['body_bytes_kept']} coordinates "
+                          f"without a bit; {f['codec']} is rotated, so the receiver counts the whole span missing "
+                          f"and a trim acts as a drop. Use --coords {f['max_coords_every_coord_kept']} or fewer "
+                          "(codec.coords in a spec)")
 
 
 @bench_app.command("codec")

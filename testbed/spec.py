@@ -110,6 +110,11 @@ class TrimPlan(BaseModel):
             "bits_per_coord_kept": 8 * kept / self.coords,
             "expected_nmse_untrimmed": nmse(body),
             "expected_nmse_trimmed": nmse(kept),
+            # a rotated codec needs a bit for every coordinate of a span: a trim that keeps
+            # less leaves the whole span missing at the receiver (the trim acts as a drop)
+            "rotated": codec.rotated,
+            "every_coord_kept": 8 * kept >= self.coords,
+            "max_coords_every_coord_kept": min((8 * kept) // 32 * 32, self.coords),
         }
 
 

@@ -21,6 +21,20 @@ def test_sonic_default_trim_of_an_embedded_packet():
     # 62 bytes = 496 coordinates with 1 bit, 208 with none.
     assert f["expected_nmse_trimmed"] == pytest.approx((496 * 0.3634 + 208) / 704, rel=1e-3)
     assert f["expected_nmse_untrimmed"] < 1e-9 and f["trimmed"]
+    # rotated: 208 coordinates without a bit leave the whole span missing; 480 would not
+    assert f["rotated"] and not f["every_coord_kept"] and f["max_coords_every_coord_kept"] == 480
+    ok = plan(trim_size=128, mtu=1500, coords=480)
+    assert ok["every_coord_kept"] and ok["body_bytes_kept"] == 62
+
+
+def test_cli_warns_when_a_trim_acts_as_a_drop():
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "plan", "--trim-size", "128"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "warning: a trim leaves 208 coordinates without a bit" in " ".join(out.split())
+    assert "Use --coords 480 or fewer" in " ".join(out.split())
+    fine = subprocess.run([sys.executable, "-m", "trimlab.cli", "plan", "--trim-size", "128", "--coords", "352"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "warning" not in fine
 
 
 def test_ipv6_keeps_twenty_bytes_less():
