@@ -240,9 +240,10 @@ def _trims_on_port(run: RunData, host: str, cap: pd.DataFrame | None) -> int | N
         return None
     if not flows:
         return 0
-    trim_dscp = prof.get("dscp")
-    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.get("dscp") != trim_dscp}
-    sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & (cap["dscp"] == trim_dscp)
+    # the DSCPs trimmed packets carry: the profile's, or with from-tc one per port facing
+    trim_dscps = set((prof.get("port_dscp") or {}).values()) if prof.get("dscp") == "from-tc" else {prof.get("dscp")}
+    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.get("dscp") not in trim_dscps}
+    sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & cap["dscp"].isin(trim_dscps)
     return int(sel.sum())
 
 
