@@ -220,12 +220,38 @@ static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, u
     /* plane j is bit 15-j of q16 (the top K bits of q16 are the K-bit index) */
     int64_t plane = c / 8;
     int k = J->planes;
+#ifdef __AVX2__
+    /* all 16 planes: 4 columns at a time, transposed in registers, 4 bytes a plane a store
+       (the inverse of the decoder's gather) */
+    const __m128i t4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    uint64_t cols[8];
+#endif
     for (int64_t g8 = 0; g8 < plane; g8++) {
         uint64_t hi, lo;
         memcpy(&hi, qhi + 8 * g8, 8);
         memcpy(&lo, qlo + 8 * g8, 8);
         hi = antitranspose8(hi);
         lo = antitranspose8(lo);
+#ifdef __AVX2__
+        if (k == 16) {
+            cols[2 * (g8 & 3)] = hi;
+            cols[2 * (g8 & 3) + 1] = lo;
+            if ((g8 & 3) == 3) {
+                __m128i x0 = _mm_loadu_si128((const __m128i *)cols), x1 = _mm_loadu_si128((const __m128i *)(cols + 2));
+                __m128i x2 = _mm_loadu_si128((const __m128i *)(cols + 4)), x3 = _mm_loadu_si128((const __m128i *)(cols + 6));
+                __m128i a = _mm_unpacklo_epi32(x0, x1), b = _mm_unpacklo_epi32(x2, x3);
+                __m128i cc = _mm_unpackhi_epi32(x0, x1), d = _mm_unpackhi_epi32(x2, x3);
+                __m128i r[4] = {_mm_unpacklo_epi64(a, b), _mm_unpackhi_epi64(a, b),
+                                _mm_unpacklo_epi64(cc, d), _mm_unpackhi_epi64(cc, d)};
+                for (int q4 = 0; q4 < 4; q4++) {
+                    uint32_t w[4];
+                    _mm_storeu_si128((__m128i *)w, _mm_shuffle_epi8(r[q4], t4));
+                    for (int t = 0; t < 4; t++) memcpy(body + (4 * q4 + t) * plane + g8 - 3, &w[t], 4);
+                }
+            }
+            continue;
+        }
+#endif
         for (int j = 0; j < k && j < 8; j++) body[j * plane + g8] = (uint8_t)(hi >> (8 * j));
         for (int j = 8; j < k; j++) body[j * plane + g8] = (uint8_t)(lo >> (8 * (j - 8)));
     }
@@ -251,17 +277,46 @@ static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t 
     const __m128i drop = _mm_cvtsi32_si128(QBITS - k);
     const __m256 vscale = _mm256_set1_ps(scale);
 #endif
+#ifdef __AVX2__
+    /* all 16 planes (an untrimmed packet): 4 columns of bytes at a time, plane j's bytes
+       g8..g8+3 in one load, transposed in registers into (hi, lo) per column */
+    const __m128i t4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    uint64_t cols[8];
+    int fast = k == 16 && whole == 16;
+#endif
     for (int64_t g8 = 0; g8 < plane; g8++) {
         uint64_t hi = 0, lo = 0;
-        for (int j = 0; j < whole; j++) { /* complete planes */
-            uint64_t b = body[j * plane + g8];
-            if (j < 8) hi |= b << (8 * j);
-            else lo |= b << (8 * (j - 8));
-        }
-        if (g8 < part) { /* the partial plane's prefix */
-            uint64_t b = body[whole * plane + g8];
-            if (whole < 8) hi |= b << (8 * whole);
-            else lo |= b << (8 * (whole - 8));
+#ifdef __AVX2__
+        if (fast) {
+            if ((g8 & 3) == 0) {
+                __m128i r[4];
+                for (int q4 = 0; q4 < 4; q4++) {
+                    uint32_t w[4];
+                    for (int t = 0; t < 4; t++) memcpy(&w[t], body + (4 * q4 + t) * plane + g8, 4);
+                    r[q4] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)w), t4);
+                }
+                __m128i a = _mm_unpacklo_epi32(r[0], r[1]), b = _mm_unpacklo_epi32(r[2], r[3]);
+                __m128i c = _mm_unpackhi_epi32(r[0], r[1]), d = _mm_unpackhi_epi32(r[2], r[3]);
+                _mm_storeu_si128((__m128i *)cols, _mm_unpacklo_epi64(a, b));
+                _mm_storeu_si128((__m128i *)(cols + 2), _mm_unpackhi_epi64(a, b));
+                _mm_storeu_si128((__m128i *)(cols + 4), _mm_unpacklo_epi64(c, d));
+                _mm_storeu_si128((__m128i *)(cols + 6), _mm_unpackhi_epi64(c, d));
+            }
+            hi = cols[2 * (g8 & 3)];
+            lo = cols[2 * (g8 & 3) + 1];
+        } else
+#endif
+        {
+            for (int j = 0; j < whole; j++) { /* complete planes */
+                uint64_t b = body[j * plane + g8];
+                if (j < 8) hi |= b << (8 * j);
+                else lo |= b << (8 * (j - 8));
+            }
+            if (g8 < part) { /* the partial plane's prefix */
+                uint64_t b = body[whole * plane + g8];
+                if (whole < 8) hi |= b << (8 * whole);
+                else lo |= b << (8 * (whole - 8));
+            }
         }
         hi = antitranspose8(hi);
         lo = antitranspose8(lo);
