@@ -363,6 +363,20 @@ static float sign_tail_encode_packet(const job_t *J, const float *y, int64_t c, 
     return (float)s;
 }
 
+/* Coordinate j of a group of 32 from tail words w[j−1] (its high bits) and w[j] (its low
+   bits); its sign is bit 7 − j%8 of head byte j/8 (a little-endian load of 4 bytes). */
+#define ST_J(f) f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(8), f(9), f(10), f(11), f(12), f(13), \
+    f(14), f(15), f(16), f(17), f(18), f(19), f(20), f(21), f(22), f(23), f(24), f(25), f(26), f(27), f(28), \
+    f(29), f(30), f(31)
+#define ST_LO(j) ((j) == 0 ? 0u : (j) == 31 ? 0x7FFFFFFFu : (1u << (j)) - 1u)
+#define ST_HI(j) ((j) == 31 ? 0u : (1u << (31 - (j))) - 1u)
+#define ST_LS(j) (31u - (j))
+#define ST_RS(j) ((j) == 31 ? 31u : (j) + 1u)
+#define ST_SB(j) (8u * ((j) / 8) + 7u - (j) % 8)
+static const uint32_t ST_LOMASK[32] = {ST_J(ST_LO)}, ST_HIMASK[32] = {ST_J(ST_HI)};
+static const uint32_t ST_LSHIFT[32] = {ST_J(ST_LS)}, ST_RSHIFT[32] = {ST_J(ST_RS)};
+static const uint32_t ST_SIGNBIT[32] = {ST_J(ST_SB)};
+
 static void sign_tail_decode_packet(const uint8_t *body, int64_t len, float scale, int64_t c, float *y) {
     int64_t head = c / 8, full = 4 * c;
     if (len > full) len = full;
@@ -371,6 +385,41 @@ static void sign_tail_decode_packet(const uint8_t *body, int64_t len, float scal
     int64_t exact = (words / 31) * 32 + words % 31;
     int64_t have_sign = 8 * len < c ? 8 * len : c;
     const uint8_t *tail = body + head;
+    if (exact == c) { /* an untrimmed packet: 32 coordinates from 31 words, branch-free */
+        for (int64_t g = 0; g < c / 32; g++) {
+            uint32_t out[32], sgn;
+            memcpy(&sgn, body + 4 * g, 4); /* coordinate 32g + j: bit 7 - j%8 of byte j/8 */
+#ifdef __AVX2__
+            /* straight from the packet: w[j−1] (for j = 0 the head's last word, masked off)
+               and w[j] (lane 31 past the group, not read) */
+            const uint8_t *w = tail + 4 * 31 * g;
+            for (int j = 0; j < 32; j += 8) {
+                __m256i p8 = _mm256_loadu_si256((const __m256i *)(w + 4 * (j - 1)));
+                __m256i c8 = j < 24 ? _mm256_loadu_si256((const __m256i *)(w + 4 * j))
+                                    : _mm256_maskload_epi32((const int *)(w + 4 * j),
+                                                            _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0));
+                __m256i lo = _mm256_sllv_epi32(_mm256_and_si256(p8, _mm256_loadu_si256((const __m256i *)(ST_LOMASK + j))),
+                                               _mm256_loadu_si256((const __m256i *)(ST_LSHIFT + j)));
+                __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(c8, _mm256_loadu_si256((const __m256i *)(ST_RSHIFT + j))),
+                                              _mm256_loadu_si256((const __m256i *)(ST_HIMASK + j)));
+                __m256i sb = _mm256_slli_epi32(_mm256_srlv_epi32(_mm256_set1_epi32((int)sgn),
+                                                                 _mm256_loadu_si256((const __m256i *)(ST_SIGNBIT + j))), 31);
+                _mm256_storeu_si256((__m256i *)(out + j), _mm256_or_si256(_mm256_or_si256(lo, hi), sb));
+            }
+#else
+            uint32_t prev[32], cur[32];
+            prev[0] = 0;
+            memcpy(prev + 1, tail + 4 * 31 * g, 31 * 4);
+            memcpy(cur, tail + 4 * 31 * g, 31 * 4);
+            cur[31] = 0;
+            for (int j = 0; j < 32; j++)
+                out[j] = ((prev[j] & ST_LOMASK[j]) << ST_LSHIFT[j]) | ((cur[j] >> ST_RSHIFT[j]) & ST_HIMASK[j])
+                         | (((sgn >> ST_SIGNBIT[j]) & 1u) << 31);
+#endif
+            memcpy(y + 32 * g, out, sizeof(out));
+        }
+        return;
+    }
     for (int64_t i = 0; i < c; i++) {
         uint32_t sign = (body[i / 8] >> (7 - i % 8)) & 1u;
         if (i < exact) {
