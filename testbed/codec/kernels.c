@@ -195,8 +195,16 @@ static void quantize(const job_t *J, const float *y, int64_t c, float sigma, uin
         g = _mm256_add_ps(_mm256_i32gather_ps(J->poly + 1, m4, 4), _mm256_mul_ps(t, g));
         g = _mm256_add_ps(_mm256_i32gather_ps(J->poly, m4, 4), _mm256_mul_ps(t, g));
         __m256i q = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(g), izero), qmax);
-        __m256 below = _mm256_cmp_ps(z, _mm256_i32gather_ps(J->thresholds, q, 4), _CMP_LT_OQ);
-        __m256 above = _mm256_cmp_ps(z, _mm256_i32gather_ps(J->thresholds + 1, q, 4), _CMP_GE_OQ);
+        /* (T[q], T[q+1]) as one 8-byte element: 8 loads instead of 16 */
+        __m256i pa = _mm256_i32gather_epi64((const long long *)J->thresholds, _mm256_castsi256_si128(q), 4);
+        __m256i pb = _mm256_i32gather_epi64((const long long *)J->thresholds, _mm256_extracti128_si256(q, 1), 4);
+        const __m256i evens = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        pa = _mm256_permutevar8x32_epi32(pa, evens); /* T[q] of lanes 0-3, then T[q+1] of them */
+        pb = _mm256_permutevar8x32_epi32(pb, evens);
+        __m256 tq = _mm256_castsi256_ps(_mm256_permute2x128_si256(pa, pb, 0x20));
+        __m256 tq1 = _mm256_castsi256_ps(_mm256_permute2x128_si256(pa, pb, 0x31));
+        __m256 below = _mm256_cmp_ps(z, tq, _CMP_LT_OQ);
+        __m256 above = _mm256_cmp_ps(z, tq1, _CMP_GE_OQ);
         q = _mm256_sub_epi32(_mm256_add_epi32(q, _mm256_castps_si256(below)), _mm256_castps_si256(above));
         __m256i h8 = _mm256_srli_epi32(q, 8), l8 = _mm256_and_si256(q, byte);
         __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h8), _mm256_extracti128_si256(h8, 1));
