@@ -523,7 +523,6 @@ def write_inventory(st: RackState) -> Path:
                 "ansible_host": sw.mgmt_ip,
                 "trim_switch_os": "vswitch",
                 "trimlab_switch": sw.name,  # which switch of the rack `trimlab switch` drives
-                **({"fabric_role": sw.name.rstrip("0123456789")} if st.fabric else {}),
                 "ports": _inventory_ports(st, sw),
             } for sw in st.switches}},
             "nic_hosts": {"hosts": {h.ns: {
