@@ -323,7 +323,7 @@ class VSwitch:
         with self._map("config", _GCFG.size) as m:
             m.update(0, _GCFG.pack(1, cfg.size, cfg.dscp_value, cfg.queue_index, p32,
                                    ACTIONS[cfg.inject_action], cfg.inject_seed,
-                                   0 if cfg.tc_value is None else cfg.tc_value + 1))  # pad: from-tc's TC + 1
+                                   0 if cfg.tc_value is None else cfg.tc_value + 1))  # gcfg.from_tc
 
     def read(self) -> SwitchConfig:
         with self._map("config", _GCFG.size) as m:

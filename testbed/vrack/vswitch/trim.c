@@ -51,7 +51,7 @@ struct gcfg {
 	__u32 inject_p;     // injection probability × 2^32 (0: off)
 	__u32 inject_action;
 	__u32 inject_seed;
-	__u32 pad;
+	__u32 from_tc;      // control plane only: from-tc's trim TC + 1 (0: dscp_value for every port)
 };
 
 struct portcfg {
