@@ -63,7 +63,7 @@ class RunData:
     @property
     def fabric(self) -> bool:
         """The run drove several switches: ports are named switch:port."""
-        return len(self.manifest.get("switches") or []) > 1
+        return self.topology.fabric
 
     @cached_property
     def hosts(self) -> dict[str, dict]:

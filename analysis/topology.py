@@ -33,6 +33,11 @@ class Topology:
             ports[name], switches[name] = qualified(sw, f["switch_port"]), sw
         return cls(ports, switches, [tuple(link) for link in manifest.get("links", [])])
 
+    @property
+    def fabric(self) -> bool:
+        """Several switches: ports are named switch:port."""
+        return any(sw is not None for sw in self.host_switch.values())
+
     def _neighbours(self) -> dict[str, list[tuple[str, str]]]:
         """switch -> [(its egress port, the switch at the other end)]."""
         out: dict[str, list[tuple[str, str]]] = {}

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from trimlab import remote, rundir
+from trimlab.analysis.rundata import RunData
 from trimlab.errors import TrimlabError
 from trimlab.experiment.events import Done
 from trimlab.experiment.placement import Placement, RunFailed
@@ -54,15 +55,9 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
     finals = {d.name: json.loads((d / rundir.FINAL).read_text())
               for d in agents.iterdir() if (d / rundir.FINAL).exists()} if agents.exists() else {}
     out: dict = {"wall_s": round(time.monotonic() - t0, 2), "steps": steps}
-    totals: dict[str, int] = {}
-    for d in rundir.switch_dirs(run.path).values():  # every switch of the run: summed
-        before, after = d / rundir.COUNTERS_BEFORE, d / rundir.COUNTERS_AFTER
-        if before.exists() and after.exists():
-            b, a = json.loads(before.read_text())["switch"], json.loads(after.read_text())["switch"]
-            for k in a:
-                totals[k] = totals.get(k, 0) + a[k] - b[k]
-    if totals:
-        out["switch"] = totals
+    counters = RunData.open(run.path).counters  # every switch of the run, summed
+    if counters is not None:
+        out["switch"] = counters["switch"]
     for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
         if w.name not in finals and rank in script_results and script_results[rank].checksum:
             done = script_results[rank]

@@ -33,6 +33,7 @@ from trimlab.vrack import vswitch
 BPF_ROOT = Path("/sys/fs/bpf")
 DATA_V4 = "198.19.0"
 DATA_V6 = "fd00:7472::"
+DATA_NET_V4, DATA_NET_V6 = "198.19.0.0/16", "fd00:7472::/64"  # the whole data network
 LINK_V4 = "198.19.250"  # fabric uplinks: one /31 (and /127) per leaf–spine link
 LINK_V6 = "fd00:7472::fa:"
 UPLINK_PORT0 = 240  # a leaf's uplinks are Ethernet240, Ethernet244...: after its host ports
@@ -363,8 +364,8 @@ def _cable_host(st: RackState, h: Host) -> None:
     _run("ethtool", "-K", h.port, "tx", "off", "rx", "off", ns=sw.ns)
     _host_nic(h.ns, "eth1", st.rate_bps, st.delay_ms)
     if st.fabric:  # the rest of the data network through its leaf
-        _run("ip", "route", "add", f"{DATA_V4.rsplit('.', 1)[0]}.0.0/16", "via", h.gateway_ipv4, "dev", "eth1", ns=h.ns)
-        _run("ip", "-6", "route", "add", f"{DATA_V6}/64", "via", h.gateway_ipv6, "dev", "eth1", ns=h.ns)
+        _run("ip", "route", "add", DATA_NET_V4, "via", h.gateway_ipv4, "dev", "eth1", ns=h.ns)
+        _run("ip", "-6", "route", "add", DATA_NET_V6, "via", h.gateway_ipv6, "dev", "eth1", ns=h.ns)
 
 
 def _cable_uplink(st: RackState, u: Uplink) -> None:
