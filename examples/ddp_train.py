@@ -11,6 +11,7 @@ model for every contender); `--eval-every N` adds test accuracy to every Nth ste
 import argparse
 import hashlib
 import json
+import sys
 import time
 
 import torch
@@ -35,12 +36,13 @@ def main() -> None:
     ap.add_argument("--save", help="save the final parameters here ({rank} is replaced)")
     args = ap.parse_args()
 
+    digits = args.data == "digits" and args.model == "mlp"
+    if digits:  # heavy (scipy): only for this workload, and before gloo starts its threads
+        from sklearn.datasets import load_digits
     dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
-    if args.data == "digits" and args.model == "mlp":
-        from sklearn.datasets import load_digits  # heavy (scipy): only for this workload
-
+    if digits:
         d = load_digits()
         x, y = torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
@@ -83,14 +85,21 @@ def main() -> None:
                 "step_s": round(time.perf_counter() - t0, 5), "t": round(time.perf_counter() - start, 4)}
         if args.eval_every and (step % args.eval_every == args.eval_every - 1 or step == args.steps - 1):
             line["test_acc"] = round(accuracy(), 5)  # not timed: `t` was taken before
-        print(json.dumps(line), flush=True)
+        say(line)
     acc = accuracy()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    print(json.dumps({"event": "done", "rank": rank, "test_acc": round(acc, 5),
-                      "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}), flush=True)
+    say({"event": "done", "rank": rank, "test_acc": round(acc, 5),
+         "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]})
     if args.save:
         torch.save(model.state_dict(), args.save.format(rank=rank))
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
+
+
+def say(event: dict) -> None:
+    """One JSON line in one write: under torchrun the ranks share stdout."""
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
