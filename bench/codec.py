@@ -145,14 +145,14 @@ def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
 
 
 def run(quick: bool = False, seed: int = 0, threads: int = 1) -> dict:
-    threads = torch.get_num_threads()
+    torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         numel = 1 << (18 if quick else 20)
         table = nmse_table(numel, seed)
         rt = roundtrip(1 << 22, 5 if quick else 15, seed, threads)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(torch_threads)
     emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]
     targets = {
         "embedded_gaussian_le_1.1_Dk": all(r["gaussian"] <= 1.1 * distortion(r["bits"]) for r in emb),

@@ -17,6 +17,9 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define TL_AVX512 1
+#endif
 
 #define EMBEDDED 1
 #define SIGN_TAIL 2
@@ -73,19 +76,91 @@ static uint32_t fmix32(uint32_t h) {
     return h ^ (h >> 16);
 }
 
+static void scale_by(float *y, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) y[i] *= s;
+}
+
 static void flip_signs(float *y, int64_t n, uint64_t key) {
     uint32_t k1 = (uint32_t)key, k2 = (uint32_t)(key >> 32);
     uint32_t *w = (uint32_t *)y;
     for (int64_t word = 0; word < n / 32; word++) {
         uint32_t h = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ k1) ^ k2);
         uint32_t *v = w + 32 * word;
+#ifdef TL_AVX512
+        /* bit t of h flips coordinate t: the hash word is the two registers' lane mask */
+        const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+        __m512i a = _mm512_loadu_si512(v), b = _mm512_loadu_si512(v + 16);
+        _mm512_storeu_si512(v, _mm512_mask_xor_epi32(a, (__mmask16)h, a, sign));
+        _mm512_storeu_si512(v + 16, _mm512_mask_xor_epi32(b, (__mmask16)(h >> 16), b, sign));
+#else
         for (int t = 0; t < 32; t++) v[t] ^= ((h >> t) & 1u) << 31;
+#endif
     }
 }
 
 /* -- Walsh–Hadamard butterflies, stage order fixed ---------------------------------------- */
-static void fwht(float *y, int64_t n) {
+#ifdef TL_AVX512
+/* One stage h < 16 inside a 16-float register: lane i pairs with lane i ^ h; the lower
+   lane gets a + b, the upper a − b (a the lower lane's value), as the scalar loop does. */
+static inline __m512 bfly_lanes(__m512 v, __m512i partner, __mmask16 upper) {
+    __m512 w = _mm512_permutexvar_ps(partner, v);
+    return _mm512_mask_sub_ps(_mm512_add_ps(v, w), upper, w, v);
+}
+
+/* Stages h = 16·s, 32·s, ... (r of them) over registers s apart, all r while the 2^r
+   registers are loaded; the last pass also multiplies by `scale` (0: none). Each value
+   goes through the same additions in the same order as stage after stage would. */
+static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv, int64_t s, int r,
+                                                            float scale) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t b = 0; b < nv; b += s << r)
+        for (int64_t j = 0; j < s; j++) {
+            __m512 v[8];
+            for (int k = 0; k < (1 << r); k++) v[k] = _mm512_loadu_ps(y + 16 * (b + j + k * s));
+            for (int t = 0; t < r; t++)
+                for (int k = 0; k < (1 << r); k++)
+                    if (!(k & (1 << t))) {
+                        __m512 a = v[k], c = v[k | (1 << t)];
+                        v[k] = _mm512_add_ps(a, c);
+                        v[k | (1 << t)] = _mm512_sub_ps(a, c);
+                    }
+            for (int k = 0; k < (1 << r); k++)
+                _mm512_storeu_ps(y + 16 * (b + j + k * s), scale != 0.0f ? _mm512_mul_ps(v[k], vs) : v[k]);
+        }
+}
+#endif
+
+/* The butterflies, then × `scale` (the RHT's 1/√n). */
+static void fwht_scaled(float *y, int64_t n, float scale) {
     int64_t h = 1;
+#ifdef TL_AVX512
+    if (n >= 32) {
+        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i p1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1)), p2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
+        const __m512i p4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4)), p8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 v = _mm512_loadu_ps(y + i);
+            v = bfly_lanes(v, p1, 0xAAAA);
+            v = bfly_lanes(v, p2, 0xCCCC);
+            v = bfly_lanes(v, p4, 0xF0F0);
+            _mm512_storeu_ps(y + i, bfly_lanes(v, p8, 0xFF00));
+        }
+        /* the other stages three at a time (two or one for the last pass) */
+        int64_t nv = n / 16, s = 1;
+        int left = 0;
+        for (int64_t m = nv; m > 1; m >>= 1) left++;
+        while (left > 0) {
+            int r = left >= 3 ? 3 : left;
+            float sc = left == r ? scale : 0.0f;
+            if (r == 3) fwht_pass(y, nv, s, 3, sc);
+            else if (r == 2) fwht_pass(y, nv, s, 2, sc);
+            else fwht_pass(y, nv, s, 1, sc);
+            s <<= r;
+            left -= r;
+        }
+        return;
+    }
+#endif
 #ifdef __AVX2__
     /* stages 1, 2, 4 inside each 8-float register: the same sums and differences */
     for (int64_t i = 0; i < n; i += 8) {
@@ -119,10 +194,7 @@ static void fwht(float *y, int64_t n) {
             }
         }
     }
-}
-
-static void scale_by(float *y, int64_t n, float s) {
-    for (int64_t i = 0; i < n; i++) y[i] *= s;
+    scale_by(y, n, scale);
 }
 
 /* -- 8×8 bit-matrix reflection about the anti-diagonal (as trimlab.codec.bits) ------------ */
@@ -220,6 +292,132 @@ static void quantize(const job_t *J, const float *y, int64_t c, float sigma, uin
     }
 }
 
+#ifdef TL_AVX512
+/* 2^16·Φ(z/√3) = 2^15·erfc(−z/√6) to about a hundredth of a step (Abramowitz–Stegun
+   7.1.26, |ε| ≤ 1.5e−7, with exp from a degree-6 polynomial of 2^f), truncated: within
+   one of the exact count, which the comparisons then make exact. */
+static inline __m512i guess16(__m512 z) {
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+    __m512 zc = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(-16.0f)), _mm512_set1_ps(16.0f));
+    __m512 x = _mm512_mul_ps(_mm512_abs_ps(zc), _mm512_set1_ps(0.408248290463863f)); /* |z|/√6 */
+    __m512 d = _mm512_fmadd_ps(x, _mm512_set1_ps(0.3275911f), one);
+    __m512 t = _mm512_rcp14_ps(d);
+    t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, two)); /* one Newton step: 1/d to ~1e−8 */
+    __m512 poly = _mm512_set1_ps(1.061405429f);
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-1.453152027f));
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(1.421413741f));
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-0.284496736f));
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(0.254829592f));
+    poly = _mm512_mul_ps(poly, t);
+    __m512 w = _mm512_mul_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(-1.4426950408889634f)); /* −x²·log2(e) */
+    __m512 n = _mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(w, n);
+    __m512 e = _mm512_set1_ps(1.5403530393381606e-4f); /* ln2^k / k!, k = 6 .. 1 */
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.618129107628477e-3f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.550410866482158e-2f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.2402265069591007f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.6931471805599453f));
+    e = _mm512_fmadd_ps(e, f, one);
+    __m512 half = _mm512_mul_ps(_mm512_mul_ps(poly, _mm512_scalef_ps(e, n)), _mm512_set1_ps(32768.0f));
+    __m512 g = _mm512_mask_sub_ps(half, _mm512_cmp_ps_mask(zc, _mm512_setzero_ps(), _CMP_GE_OQ),
+                                  _mm512_set1_ps(65536.0f), half);
+    __m512i q = _mm512_cvttps_epi32(g);
+    return _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32((1 << QBITS) - 1));
+}
+
+/* q16 of 16 values z (NaN already 0): the guess, then (T[q], T[q+1]) fetched as one 8-byte
+   element and compared. */
+static inline __m512i quantize_x16(const float *T, __m512 z) {
+    __m512i q = guess16(z);
+    __m512i pa = _mm512_i32gather_epi64(_mm512_castsi512_si256(q), T, 4);
+    __m512i pb = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(q, 1), T, 4);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    __m512 tq = _mm512_castsi512_ps(_mm512_permutex2var_epi32(pa, even, pb));
+    __m512 tq1 = _mm512_castsi512_ps(_mm512_permutex2var_epi32(pa, odd, pb));
+    const __m512i one = _mm512_set1_epi32(1);
+    q = _mm512_mask_sub_epi32(q, _mm512_cmp_ps_mask(z, tq, _CMP_LT_OQ), q, one);
+    return _mm512_mask_add_epi32(q, _mm512_cmp_ps_mask(z, tq1, _CMP_GE_OQ), q, one);
+}
+
+static inline __m512 z_of(const float *y, __m512 vs, int ok) {
+    __m512 z = ok ? _mm512_div_ps(_mm512_loadu_ps(y), vs) : _mm512_setzero_ps();
+    return _mm512_mask_mov_ps(z, _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q), _mm512_setzero_ps());
+}
+
+/* Within each 8 coordinates, lane t ↔ lane 7 − t: a plane's byte holds coordinate t at
+   bit 7 − t, a register's lane mask holds lane t at bit t. */
+static inline __m512i reverse8_epi16(__m512i v) {
+    const __m512i rev = _mm512_set_epi16(24, 25, 26, 27, 28, 29, 30, 31, 16, 17, 18, 19, 20, 21, 22, 23,
+                                         8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm512_permutexvar_epi16(rev, v);
+}
+
+/* 32 coordinates at a time: q16 as 16-bit lanes; plane j (bit 15 − j) is the lanes' top
+   bits after j shifts, 4 bytes of the plane a store. */
+static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body,
+                                    uint8_t *q_unused) {
+    (void)q_unused;
+    float sigma = sqrtf(lane_sum_sq_f32(y, c) / (float)c);
+    int ok = sigma > 0, k = J->planes;
+    int64_t plane = c / 8;
+    const __m512 vs = _mm512_set1_ps(sigma);
+    for (int64_t i = 0; i < c; i += 32) {
+        __m256i a = _mm512_cvtepi32_epi16(quantize_x16(J->thresholds, z_of(y + i, vs, ok)));
+        __m256i b = _mm512_cvtepi32_epi16(quantize_x16(J->thresholds, z_of(y + i + 16, vs, ok)));
+        __m512i q = reverse8_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+        for (int j = 0; j < k; j++) {
+            uint32_t m = (uint32_t)_mm512_movepi16_mask(q);
+            memcpy(body + j * plane + i / 8, &m, 4);
+            q = _mm512_slli_epi16(q, 1);
+        }
+    }
+    return sigma;
+}
+
+/* The inverse: q16's known bits from whole planes and the partial plane's prefix, then
+   v = 2q | marker (refined coordinates one level finer) into the centroid table. */
+static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
+                                   int64_t c, float *y) {
+    int k = J->planes;
+    int64_t plane = c / 8, full = (int64_t)k * plane;
+    if (len > full) len = full;
+    if (len < 0) len = 0;
+    int64_t whole = len / plane;
+    if (whole > k) whole = k;
+    int64_t part = whole < k ? len - whole * plane : 0;
+    uint32_t marker = 1u << (k - whole), refined = marker >> 1;
+    int64_t refined_coords = 8 * part;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i vmark = _mm512_set1_epi32((int)marker), vref = _mm512_set1_epi32((int)refined);
+    const __m512i nref = _mm512_set1_epi32((int)refined_coords);
+    const __m128i drop = _mm_cvtsi32_si128(QBITS - k);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t i = 0; i < c; i += 32) {
+        __m512i q = _mm512_setzero_si512();
+        for (int j = 0; j < whole; j++) {
+            uint32_t m;
+            memcpy(&m, body + j * plane + i / 8, 4);
+            q = _mm512_mask_add_epi16(q, (__mmask32)m, q, _mm512_set1_epi16((short)(1u << (15 - j))));
+        }
+        if (i / 8 < part) {
+            uint32_t m = 0;
+            int64_t n = part - i / 8 < 4 ? part - i / 8 : 4;
+            memcpy(&m, body + whole * plane + i / 8, (size_t)n);
+            q = _mm512_mask_add_epi16(q, (__mmask32)m, q, _mm512_set1_epi16((short)(1u << (15 - whole))));
+        }
+        q = reverse8_epi16(q);
+        for (int h = 0; h < 2; h++) {
+            __m512i q32 = _mm512_cvtepu16_epi32(h ? _mm512_extracti64x4_epi64(q, 1) : _mm512_castsi512_si256(q));
+            __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32((int)(i + 16 * h)));
+            __m512i mark = _mm512_mask_mov_epi32(vmark, _mm512_cmpgt_epi32_mask(nref, idx), vref);
+            __m512i v = _mm512_or_si512(_mm512_slli_epi32(_mm512_srl_epi32(q32, drop), 1), mark);
+            _mm512_storeu_ps(y + i + 16 * h, _mm512_mul_ps(_mm512_i32gather_ps(v, J->table, 4), vscale));
+        }
+    }
+}
+#else
 static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body,
                                     uint8_t *q) {
     float sigma = sqrtf(lane_sum_sq_f32(y, c) / (float)c);
@@ -344,6 +542,25 @@ static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t 
             y[i] = table[v] * scale;
         }
 #endif
+    }
+}
+
+#endif
+
+/* q16 of n values z as the encoder computes them (σ = 1), for tests of the guess. */
+void tl_quantize16(const float *thresholds, const float *poly, const float *z, int64_t n, uint16_t *out) {
+    job_t J = {.thresholds = thresholds, .poly = poly};
+    int64_t i = 0;
+#ifdef TL_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            _mm512_cvtepi32_epi16(quantize_x16(thresholds, z_of(z + i, _mm512_set1_ps(1.0f), 1))));
+#endif
+    uint8_t hi[64], lo[64];
+    for (; i < n; i += 64) {
+        int64_t m = n - i < 64 ? n - i : 64;
+        quantize(&J, z + i, m, 1.0f, hi, lo);
+        for (int64_t t = 0; t < m; t++) out[i + t] = (uint16_t)(hi[t] << 8 | lo[t]);
     }
 }
 
@@ -512,8 +729,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q) {
     }
     if (J->rotated) {
         flip_signs(buf, n, tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s)));
-        fwht(buf, n);
-        scale_by(buf, n, (float)(1.0 / sqrt((double)n)));
+        fwht_scaled(buf, n, (float)(1.0 / sqrt((double)n)));
     }
     float unit = ldexpf(1.0f, e);
     for (int64_t p = 0; p < packets_in_span(J); p++) {
@@ -555,8 +771,7 @@ static void decode_span(const job_t *J, int64_t s, float *buf) {
         }
     }
     if (J->rotated) {
-        fwht(buf, n);
-        scale_by(buf, n, (float)(1.0 / sqrt((double)n)));
+        fwht_scaled(buf, n, (float)(1.0 / sqrt((double)n)));
         flip_signs(buf, n, tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s)));
     }
     if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, J->exps[s]));

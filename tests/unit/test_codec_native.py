@@ -1,8 +1,10 @@
 """The native codec kernels (kernels.c) put the same bytes on the wire as the torch
 reference and decode every truncation to the same values — built with the host's vector
-units and without them (the plain C path that hosts without AVX2 run)."""
+units (AVX-512 here), with AVX2 only, and without either (the plain C path that hosts
+without AVX2 run)."""
 
 import ctypes
+import platform
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from trimlab import native as build
 from trimlab import resources
 from trimlab.codec import CodecContext, get_codec, native, rht
 from trimlab.codec.base import sqrt_rn
-from trimlab.codec.embedded import QBITS, guess_poly, quantize16, thresholds
+from trimlab.codec.embedded import guess_poly, quantize16, thresholds
 
 VARIANTS = [("embedded", {}), ("embedded", {"planes": 8}), ("embedded", {"planes": 1}),
             ("embedded", {"unbiased": True}), ("sign_tail", {}), ("sign_tail", {"unbiased": True}),
@@ -20,11 +22,16 @@ IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items()) or 'default'}" for n, p
 FIELDS = ("span", "index", "coords", "scale", "body", "length")
 
 
-@pytest.fixture(params=["host", "plain"])
+@pytest.fixture(params=["host", "avx2", "plain"])
 def kernels(request, monkeypatch):
-    """The kernels as built for this host, and as built for a baseline x86-64/any CPU."""
-    if request.param == "plain":
+    """The kernels as built for this host, for an AVX2 CPU without AVX-512 (haswell), and
+    for a baseline x86-64/any CPU."""
+    if request.param != "host":
         flags = [f for f in native.FLAGS if not f.startswith("-march")]
+        if request.param == "avx2":
+            if platform.machine() not in ("x86_64", "AMD64"):
+                pytest.skip("the AVX2 build is for x86-64 hosts")
+            flags.append("-march=haswell")
         monkeypatch.setattr(native, "FLAGS", flags)
         native._lib.cache_clear()
     monkeypatch.setenv("TRIMLAB_CODEC_IMPL", "native")
@@ -122,18 +129,17 @@ def test_threads_give_the_same_bytes(kernels, monkeypatch):
 def test_span_keys_and_guess_agree_with_python(kernels):
     for args in [(0, 0, 0, 0), (1, 2, 3, 4), (2**64 - 1, 7, 2**40, 65535)]:
         assert native.span_key(*args) == rht.span_key(*args)
-    # the cubic guess is within one step of the exact count everywhere, so one
-    # comparison each way corrects it (kernels.c relies on this)
-    z = torch.cat([torch.linspace(-9, 9, 200001), thresholds()[1:-1],
-                   torch.nextafter(thresholds()[1:-1], torch.tensor(-float("inf")))])
-    exact = quantize16(z)
-    poly = guess_poly().double()
-    u = (z.double().clamp(-8, 8) + 8) * 16
-    m = u.floor().clamp(0, 255).long()
-    t = u - m
-    c = poly[m]
-    g = c[:, 0] + t * (c[:, 1] + t * (c[:, 2] + t * c[:, 3]))
-    assert int((g.floor().clamp(0, (1 << QBITS) - 1).long() - exact).abs().max()) <= 1
+    # the quantizer's guess (a cubic per cell, or erfc's approximation on AVX-512) is
+    # corrected to the exact count everywhere: at every threshold, one float either side,
+    # and densely between
+    t = thresholds()[1:-1]
+    z = torch.cat([torch.linspace(-20, 20, 400001), t, torch.nextafter(t, torch.tensor(-float("inf"))),
+                   torch.nextafter(t, torch.tensor(float("inf"))), torch.tensor([0.0, -0.0, 1e-40, -1e-40])])
+    out = torch.empty(z.numel(), dtype=torch.int16)
+    lib = native._lib()
+    lib.tl_quantize16(ctypes.c_void_p(thresholds().data_ptr()), ctypes.c_void_p(guess_poly().data_ptr()),
+                      ctypes.c_void_p(z.data_ptr()), ctypes.c_int64(z.numel()), ctypes.c_void_p(out.data_ptr()))
+    assert torch.equal(out.to(torch.int64) & 0xFFFF, quantize16(z))
 
 
 @pytest.mark.unit
