@@ -292,6 +292,19 @@ static void quantize(const job_t *J, const float *y, int64_t c, float sigma, uin
     }
 }
 
+/* What of an embedded packet's body arrived: `whole` complete planes, then `part` bytes of
+   the next. */
+typedef struct { int64_t plane, whole, part; } arrived_t;
+
+static arrived_t planes_arrived(int k, int64_t c, int64_t len) {
+    int64_t plane = c / 8, full = (int64_t)k * plane;
+    if (len > full) len = full;
+    if (len < 0) len = 0;
+    int64_t whole = len / plane;
+    if (whole > k) whole = k;
+    return (arrived_t){plane, whole, whole < k ? len - whole * plane : 0};
+}
+
 #ifdef TL_AVX512
 /* 2^16·Φ(z/√3) = 2^15·erfc(−z/√6) to about a hundredth of a step (Abramowitz–Stegun
    7.1.26, |ε| ≤ 1.5e−7, with exp from a degree-6 polynomial of 2^f), truncated: within
@@ -381,12 +394,8 @@ static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, u
 static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
                                    int64_t c, float *y) {
     int k = J->planes;
-    int64_t plane = c / 8, full = (int64_t)k * plane;
-    if (len > full) len = full;
-    if (len < 0) len = 0;
-    int64_t whole = len / plane;
-    if (whole > k) whole = k;
-    int64_t part = whole < k ? len - whole * plane : 0;
+    arrived_t got = planes_arrived(k, c, len);
+    int64_t plane = got.plane, whole = got.whole, part = got.part;
     uint32_t marker = 1u << (k - whole), refined = marker >> 1;
     int64_t refined_coords = 8 * part;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -467,14 +476,9 @@ static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, u
 static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
                                    int64_t c, float *y) {
     int k = J->planes;
-    int64_t plane = c / 8, full = (int64_t)k * plane;
-    if (len > full) len = full;
-    if (len < 0) len = 0;
-    int64_t whole = len / plane;
-    if (whole > k) whole = k;
-    int64_t part = whole < k ? len - whole * plane : 0;
-    uint32_t marker = 1u << (k - whole);
-    uint32_t refined = marker >> 1;
+    arrived_t got = planes_arrived(k, c, len);
+    int64_t plane = got.plane, whole = got.whole, part = got.part;
+    uint32_t marker = 1u << (k - whole), refined = marker >> 1;
     int64_t refined_coords = 8 * part;
     const float *table = J->table;
 #ifdef __AVX2__
