@@ -355,11 +355,11 @@ class Codec:
                 xs = self._decode_group_torch(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
             got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
             got[span, pkt] = present[rows]
-            if self.rotated:
-                span_miss = (got < sizes).any(dim=1, keepdim=True)
-                # nothing missing (the usual case): a fill, not a copy of the expanded mask
-                miss = span_miss.expand(g.count, g.filled) if span_miss.any() else \
-                    torch.zeros(g.count * g.filled, dtype=torch.bool, device=device)
+            short = got < sizes
+            if not short.any():  # nothing missing (the usual case): a fill, no per-coordinate test
+                miss = torch.zeros(g.count * g.filled, dtype=torch.bool, device=device)
+            elif self.rotated:
+                miss = short.any(dim=1, keepdim=True).expand(g.count, g.filled)
             else:  # coordinate i of packet p is missing past what arrived of p
                 col = torch.arange(lay.coords, device=device)
                 miss = (col[None, None, :] >= got[:, :, None]).reshape(g.count, -1)[:, :g.filled]
