@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trimlab import wire
 from trimlab.config import GRADIENT_PORT
 
 BUFFER_BYTES = 32 << 20
@@ -63,9 +64,10 @@ class Sender:
     """Sends datagrams to one destination with a fixed DSCP, optionally paced to rate_bps
     (a token bucket over UDP payload bytes, so bursts never exceed one packet).
 
-    Unpaced, `send_all` hands runs of equal-size datagrams (the last may be shorter) to the
-    kernel as one UDP GSO send each (up to 64): one system call per run, and every segment
-    still a datagram of its own with its own trimlab header. The kernel segments in
+    Unpaced, `send_all` and `send_frames` hand runs of equal-size datagrams (the last may
+    be shorter) to the kernel as one UDP GSO message each (up to 64), all of a bucket's
+    messages in one sendmmsg call (outside the GIL), every segment still a datagram of its
+    own with its own trimlab header. The kernel segments in
     software before a device without UDP segmentation offload (the virtual rack's hosts),
     and lab NICs segment in hardware, so the switch never sees a super-packet."""
 
@@ -73,6 +75,7 @@ class Sender:
                  rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES, bind: str | None = None):
         self.dst = (dst, port)
         self.sock = socket.socket(family(dst), socket.SOCK_DGRAM)
+        self._name = _sockaddr(dst, port)  # sendmmsg's msg_name
         if bind:  # send from this address: receivers accept only known sources
             self.sock.bind((bind, 0))
         set_tos(self.sock, dscp, ecn)
@@ -98,66 +101,56 @@ class Sender:
             for p in payloads:
                 self.send(p)
             return
-        run: list[bytes] = []
-        size = 0
-        for p in payloads:
-            if run and (len(p) > size or len(run) == GSO_MAX_SEGMENTS or (len(run) + 1) * size > GSO_MAX_BYTES):
-                self._gso(memoryview(b"".join(run)), size)
-                run = []
-            if not run:
-                size = len(p)
-            run.append(p)
-            if len(p) < size:  # a shorter segment can only end a run
-                self._gso(memoryview(b"".join(run)), size)
-                run = []
-        if run:
-            self._gso(memoryview(b"".join(run)), size)
+        payloads = list(payloads)
+        if payloads:
+            length = np.array([len(p) for p in payloads], dtype=np.int64)
+            data = np.zeros((len(payloads), int(length.max())), dtype=np.uint8)
+            for i, p in enumerate(payloads):
+                data[i, :len(p)] = np.frombuffer(p, dtype=np.uint8)
+            self.send_frames(wire.Frames(data, length))
 
     def send_frames(self, frames) -> None:
-        """Send a `wire.Frames` from its array, without a bytes object per packet: each run of
-        up to 64 equal-length rows, plus a shorter row that may end it, is one GSO send. A
-        run of full-width rows is sent in place (rows are back to back); a run of shorter
-        rows (a layout's tail packets) is first packed into one small buffer."""
+        """Send a `wire.Frames` (or any rows + lengths) from its array in sendmmsg calls,
+        without the GIL and without a bytes object per packet: each run of `gso_runs` is
+        one message, a UDP GSO super-datagram whose iovecs are its rows in place."""
         if self.rate_bps or not self.gso:
-            self.send_all(frames.payloads())
+            for p in frames.payloads():
+                self.send(p)
             return
-        data, length = frames.data, frames.length
-        width = data.shape[1]
-        flat = memoryview(data).cast("B")
-        i, n = 0, len(length)
-        while i < n:
-            size = int(length[i])
-            per_run = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size))
-            j = i + 1
-            while j < n and j - i < per_run and length[j] == size:
-                j += 1
-            last = j < n and j - i < per_run and length[j] < size and (j - i) * size + length[j] <= GSO_MAX_BYTES
-            tail = int(length[j]) if last else 0
-            if size == width:
-                buf = flat[i * width:j * width + tail]
-            else:
-                buf = memoryview(np.concatenate([data[i:j, :size].reshape(-1), data[j, :tail]] if last
-                                                else [data[i:j, :size].reshape(-1)]))
-            self._gso(buf, size)
-            i = j + last
-
-    def _gso(self, buf: memoryview, size: int) -> None:
-        """One UDP GSO send: the kernel cuts `buf` into datagrams of `size` bytes (the last
-        may be shorter); where it cannot, one send per datagram from then on."""
-        count = -(-len(buf) // size)
-        if count == 1:
-            self.sock.sendto(buf, self.dst)
-        else:
-            try:
-                self.sock.sendmsg([buf], [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))], 0, self.dst)
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EIO):
-                    raise
-                self.gso = False  # a kernel or route without UDP GSO: one datagram per call
-                for k in range(0, len(buf), size):
-                    self.sock.sendto(buf[k:k + size], self.dst)
-        self.sent += count
-        self.bytes += len(buf)
+        data, length = np.ascontiguousarray(frames.data), np.asarray(frames.length, dtype=np.int64)
+        runs = gso_runs(length)
+        iov = np.empty(len(length), dtype=_IOVEC)
+        iov["base"] = data.ctypes.data + data.shape[1] * np.arange(len(length), dtype=np.uint64)
+        iov["len"] = length
+        ctl = np.zeros((len(runs), _CMSG_SPACE_U16), dtype=np.uint8)
+        ctl[:, :8].view(np.uint64)[:, 0] = _CMSG_LEN_U16
+        ctl[:, 8:12].view(np.int32)[:, 0] = socket.SOL_UDP
+        ctl[:, 12:16].view(np.int32)[:, 0] = UDP_SEGMENT
+        ctl[:, 16:18].view(np.uint16)[:, 0] = runs["size"]
+        msgs = np.zeros(len(runs), dtype=_MMSG)
+        msgs["name"], msgs["namelen"] = ctypes.addressof(self._name), ctypes.sizeof(self._name)
+        msgs["iov"] = iov.ctypes.data + _IOVEC.itemsize * runs["first"].astype(np.uint64)
+        msgs["iovlen"] = runs["rows"]
+        msgs["control"] = ctl.ctypes.data + _CMSG_SPACE_U16 * np.arange(len(runs), dtype=np.uint64)
+        msgs["controllen"] = _CMSG_SPACE_U16
+        done = 0
+        while done < len(runs):
+            n = _LIBC.sendmmsg(self.sock.fileno(), msgs.ctypes.data + _MMSG.itemsize * done,
+                               min(len(runs) - done, _UIO_MAXIOV), 0)
+            if n < 0:
+                err = ctypes.get_errno()
+                if err == errno.EINTR:
+                    continue
+                if err not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EIO):
+                    raise OSError(err, f"sendmmsg: {os.strerror(err)}")
+                self.gso = False  # a kernel or route without UDP GSO: one datagram per call from here
+                for i in range(int(runs["first"][done]), len(length)):
+                    self.send(data[i, :length[i]].tobytes())
+                return
+            sent = runs[done:done + n]
+            self.sent += int(sent["rows"].sum())
+            self.bytes += int(length[int(sent["first"][0]):int(sent["first"][-1] + sent["rows"][-1])].sum())
+            done += n
 
     def close(self) -> None:
         self.sock.close()
@@ -218,6 +211,46 @@ _MSG_DONTWAIT, _MSG_TRUNC = 0x40, 0x20
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
 _LIBC.recvmmsg.restype = ctypes.c_int
+_LIBC.sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+_LIBC.sendmmsg.restype = ctypes.c_int
+_UIO_MAXIOV = 1024  # messages per sendmmsg call
+_CMSG_LEN_U16, _CMSG_SPACE_U16 = 18, 24  # a cmsghdr (16 bytes) carrying one u16 (UDP_SEGMENT)
+_RUNS = np.dtype([("first", "i8"), ("rows", "i8"), ("size", "i8")])
+
+
+def _sockaddr(host: str, port: int) -> ctypes.Array:
+    """struct sockaddr_in / sockaddr_in6 for `host`, as bytes the kernel reads."""
+    if family(host) == socket.AF_INET6:
+        raw = (struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", port, 0)
+               + socket.inet_pton(socket.AF_INET6, host) + struct.pack("=I", 0))
+    else:
+        raw = struct.pack("=H", socket.AF_INET) + struct.pack("!H", port) + socket.inet_pton(socket.AF_INET, host) + bytes(8)
+    return ctypes.create_string_buffer(raw, len(raw))
+
+
+def gso_runs(length: np.ndarray) -> np.ndarray:
+    """The GSO sends of datagrams of these lengths, in order: runs of equal length (at most
+    64 and 65,000 bytes), a run that has room ended by one shorter datagram (GSO's last
+    segment may be short). Rows `first` .. `first + rows`, segment `size`."""
+    n = len(length)
+    edges = np.flatnonzero(np.diff(length)) + 1
+    starts, ends = np.concatenate([[0], edges]), np.concatenate([edges, [n]])
+    runs: list[tuple[int, int, int]] = []
+    i = 0
+    for lo, hi in zip(starts.tolist(), ends.tolist()):
+        lo = max(lo, i)  # the segment's first row may have ended the run before
+        if lo >= hi:
+            continue
+        size = int(length[lo])
+        per_run = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size))
+        firsts = list(range(lo, hi, per_run))
+        runs += [(f, min(per_run, hi - f), size) for f in firsts]
+        i = hi
+        f, rows, _ = runs[-1]
+        if hi < n and rows < per_run and length[hi] < size and rows * size + length[hi] <= GSO_MAX_BYTES:
+            runs[-1] = (f, rows + 1, size)
+            i = hi + 1
+    return np.array(runs, dtype=_RUNS)
 
 
 class Receiver:

@@ -144,7 +144,7 @@ def test_ordinary_sockets_receive_trimmed_packets_ipv4_and_ipv6(rack4, sw):
 
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 def test_gso_sends_are_trimmed_packet_by_packet(rack4, sw, v6):
-    """trimlab's Sender hands the kernel runs of 64 equal datagrams (UDP GSO); the hosts'
+    """trimlab's Sender hands the kernel runs of 64 equal datagrams (UDP GSO messages); the hosts'
     data ports segment before the switch, so the switch trims each segment on its own:
     its counters count segments, every segment arrives trimmed to exactly S with its own
     header, and the sender's capture sees wire packets, not super-packets."""
@@ -159,7 +159,7 @@ def test_gso_sends_are_trimmed_packet_by_packet(rack4, sw, v6):
     sent = json.loads(out)
     got = rx.result()
     frames = cap.stop()
-    assert sent == {"gso": True, "sendmsg_calls": 10, "sent": 640}, err  # 10 calls of 64 segments
+    assert sent == {"gso": True, "gso_messages": 10, "sent": 640}, err  # 10 GSO sends of 64 segments
     q = delta(before, sw.counters())["queues"][PS_PORT][1]
     assert q["TRIM_PKTS"] == 640 and q["TRIM_TX_PKTS"] == 640
     assert sorted(seq for tag, seq, *_ in got if tag == 7) == list(range(640))  # each its own header

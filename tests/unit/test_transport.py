@@ -7,9 +7,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
+from trimlab import wire
+from trimlab.agents import transport
+from trimlab.codec import get_codec
 from trimlab.agents.transport import Receiver, Sender, tos_byte
 
 
@@ -67,28 +71,29 @@ def test_command_line_send_and_receive():
     assert helptext.returncode == 0 and "send" in helptext.stdout
 
 
-def count_sendmsg(tx: Sender) -> list[int]:
-    """Wrap the sender's socket: the list fills with the bytes of every sendmsg call."""
-    calls, real = [], tx.sock
+def count_sendmmsg(monkeypatch) -> list[int]:
+    """The messages of every sendmmsg call the transport makes fill the list."""
+    calls, real = [], transport._LIBC
 
     class Counting:
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def sendmsg(self, *a):
-            calls.append(len(a[0][0]))
-            return real.sendmsg(*a)
-    tx.sock = Counting()
+        def sendmmsg(self, fd, msgs, vlen, flags):
+            calls.append(vlen)
+            return real.sendmmsg(fd, msgs, vlen, flags)
+    monkeypatch.setattr(transport, "_LIBC", Counting())
     return calls
 
 
 @pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
-def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
-    """Runs of equal sizes (at most 64, a shorter datagram ends one) leave in one system
-    call each; every datagram arrives whole, in order, with its own DSCP."""
+def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr, monkeypatch):
+    """Runs of equal sizes (at most 64, a shorter datagram ends one) are one GSO message
+    each, all of them in one sendmmsg call; every datagram arrives whole, in order, with
+    its own DSCP."""
     rx = Receiver(addr, 0)
     tx = Sender(addr, rx.port, dscp=10)
-    real, calls = tx.sock, count_sendmsg(tx)
+    calls = count_sendmmsg(monkeypatch)
     sizes = [1000] * 100 + [300] + [500] * 70 + [64]
     payloads = [struct.pack("!I", i) + bytes(n - 4) for i, n in enumerate(sizes)]
     tx.send_all(payloads)
@@ -98,10 +103,12 @@ def test_unpaced_sends_go_as_gso_runs_and_arrive_as_datagrams(addr):
         got += rx.recv_batch(timeout=0.5)
     assert [d.payload for d in got] == payloads and {d.dscp for d in got} == {10}
     # 1000 B: 64 + (36 + the 300 B that ends the run); 500 B: 64 + (6 + the 64 B one)
-    assert tx.gso and calls == [64_000, 36_300, 32_000, 3_064]
-    assert tx.sent == len(payloads)
+    runs = transport.gso_runs(np.array(sizes))
+    assert [(int(r), int(s)) for r, s in zip(runs["rows"], runs["size"])] == [(64, 1000), (37, 1000), (64, 500), (7, 500)]
+    assert tx.gso and calls == [4]
+    assert tx.sent == len(payloads) and tx.bytes == sum(sizes)
     rx.close()
-    real.close()
+    tx.close()
 
 
 @pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
@@ -132,19 +139,16 @@ def test_recv_many_reads_a_batch_as_arrays_with_each_datagrams_tos_and_source(ad
 
 
 @pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
-def test_frames_leave_from_the_array_in_gso_runs(addr):
-    """A bucket's frames (full-width rows back to back, shorter tail rows): full rows leave
-    straight from the array, 64 to a system call; every datagram arrives as payloads()."""
-    import numpy as np
-
-    from trimlab import wire
-    from trimlab.codec import get_codec
+def test_frames_leave_from_the_array_in_gso_runs(addr, monkeypatch):
+    """A bucket's frames (full-width rows back to back, shorter tail rows) leave straight
+    from the array, 64 rows to a GSO message, every message in one sendmmsg call; every
+    datagram arrives as payloads()."""
     frames = wire.packetize_frames(torch.randn(150_000, generator=torch.Generator().manual_seed(3)),
                                    get_codec("embedded"), coords=352, ids=wire.PacketIds(2, 5, 1, 0))
     assert (frames.length < frames.data.shape[1]).sum() >= 1  # the last span's shorter packet
     rx = Receiver(addr, 0)
     tx = Sender(addr, rx.port, dscp=10)
-    real, calls = tx.sock, count_sendmsg(tx)
+    calls = count_sendmmsg(monkeypatch)
     tx.send_frames(frames)
     got = []
     deadline = time.monotonic() + 30
@@ -152,8 +156,12 @@ def test_frames_leave_from_the_array_in_gso_runs(addr):
         got += rx.recv_batch(timeout=0.5)
     assert [d.payload for d in got] == frames.payloads()
     assert tx.sent == len(frames) and tx.bytes == frames.nbytes
+    runs = transport.gso_runs(frames.length)
     width = frames.data.shape[1]
     full, short = int(np.sum(frames.length == width)), int(np.sum(frames.length < width))
-    assert max(calls) == 64 * width and len(calls) <= -(-full // 64) + -(-short // 64) + 1
+    assert runs["rows"].max() == 64 and len(runs) <= -(-full // 64) + -(-short // 64) + 1
+    assert calls == [len(runs)]
     rx.close()
-    real.close()
+    tx.close()
+
+
