@@ -217,6 +217,19 @@ static float lane_sum_sq_f32(const float *y, int64_t c) {
 }
 
 static double lane_sum_f64(const float *y, int64_t c, int square) {
+#ifdef TL_AVX512
+    /* the 32 lanes as 4 registers of 8 doubles; the fold pairs the same lanes */
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (int64_t r = 0; r < c; r += 32)
+        for (int q = 0; q < 4; q++) {
+            __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(y + r + 8 * q));
+            a[q] = _mm512_add_pd(a[q], square ? _mm512_mul_pd(v, v) : _mm512_abs_pd(v));
+        }
+    __m512d s8 = _mm512_add_pd(_mm512_add_pd(a[0], a[2]), _mm512_add_pd(a[1], a[3]));
+    __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+#else
     double acc[32] = {0};
     for (int64_t r = 0; r < c; r += 32)
         for (int t = 0; t < 32; t++) {
@@ -226,6 +239,7 @@ static double lane_sum_f64(const float *y, int64_t c, int square) {
     for (int w = 16; w; w >>= 1)
         for (int t = 0; t < w; t++) acc[t] = acc[t] + acc[t + w];
     return acc[0];
+#endif
 }
 
 /* -- embedded: one packet ----------------------------------------------------------------- */
@@ -569,15 +583,47 @@ void tl_quantize16(const float *thresholds, const float *poly, const float *z, i
 }
 
 /* -- sign_tail: one packet ---------------------------------------------------------------- */
-static float sign_tail_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body) {
+/* The head: coordinate t of each 8 at bit 7 − t of its byte. The tail: 32 coordinates' 31
+   magnitude bits in 31 words, word j = the low 31 − j bits of coordinate j, then the top
+   j + 1 bits of coordinate j + 1. */
+static void sign_tail_pack(const float *y, int64_t c, uint8_t *body) {
     const uint32_t *raw = (const uint32_t *)y;
-    for (int64_t g8 = 0; g8 < c / 8; g8++) {
+    int64_t g8 = 0, g = 0;
+    uint32_t *tail = (uint32_t *)(body + c / 8); /* little-endian hosts only (checked at load) */
+#ifdef TL_AVX512
+    const __m512i rev = _mm512_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+    for (; 8 * g8 + 16 <= c; g8 += 2) {
+        uint16_t m = (uint16_t)_mm512_movepi32_mask(_mm512_permutexvar_epi32(rev, _mm512_loadu_si512(raw + 8 * g8)));
+        memcpy(body + g8, &m, 2);
+    }
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i one = _mm512_set1_epi32(1), mag = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i lsh[2], rsh[2], lo[2];
+    for (int h = 0; h < 2; h++) { /* word j = 16h + lane */
+        __m512i j = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * h));
+        lsh[h] = _mm512_add_epi32(j, one);
+        rsh[h] = _mm512_sub_epi32(_mm512_set1_epi32(30), j);
+        lo[h] = _mm512_sub_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)0x80000000u), j), one);
+    }
+    for (; g < c / 32; g++) {
+        const uint32_t *v = raw + 32 * g;
+        uint32_t *w = tail + 31 * g;
+        for (int h = 0; h < 2; h++) {
+            __mmask16 keep = h ? 0x7FFF : 0xFFFF; /* 31 words; coordinate 32 is the next group's */
+            __m512i cur = _mm512_loadu_si512(v + 16 * h);
+            __m512i next = _mm512_maskz_loadu_epi32(keep, v + 16 * h + 1);
+            __m512i word = _mm512_or_si512(_mm512_sllv_epi32(_mm512_and_si512(cur, lo[h]), lsh[h]),
+                                           _mm512_srlv_epi32(_mm512_and_si512(next, mag), rsh[h]));
+            _mm512_mask_storeu_epi32(w + 16 * h, keep, word);
+        }
+    }
+#endif
+    for (; g8 < c / 8; g8++) {
         uint8_t b = 0;
         for (int t = 0; t < 8; t++) b |= (uint8_t)((raw[8 * g8 + t] >> 31) << (7 - t));
         body[g8] = b;
     }
-    uint32_t *tail = (uint32_t *)(body + c / 8); /* little-endian hosts only (checked at load) */
-    for (int64_t g = 0; g < c / 32; g++) {
+    for (; g < c / 32; g++) {
         const uint32_t *v = raw + 32 * g;
         uint32_t *w = tail + 31 * g;
         for (int j = 0; j < 31; j++) {
@@ -585,6 +631,10 @@ static float sign_tail_encode_packet(const job_t *J, const float *y, int64_t c, 
             w[j] = (lo << (j + 1)) | ((v[j + 1] & 0x7FFFFFFFu) >> (30 - j));
         }
     }
+}
+
+static float sign_tail_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body) {
+    sign_tail_pack(y, c, body);
     double l1 = lane_sum_f64(y, c, 0);
     double s;
     if (J->unbiased) s = l1 > 0 ? lane_sum_f64(y, c, 1) / l1 : 0.0;
