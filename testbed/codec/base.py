@@ -64,8 +64,8 @@ class Decoded(NamedTuple):
     """`tensor, missing, stats = codec.decode(...)`."""
 
     tensor: torch.Tensor  # (numel,) float32; missing coordinates hold zero-filled estimates
-    missing: torch.Tensor  # (numel,) bool
-    stats: dict[str, torch.Tensor]  # per input packet, in input order
+    missing: torch.Tensor  # (numel,) bool, read-only (nothing missing: one False, expanded)
+    stats: dict[str, torch.Tensor]  # per input packet, in input order: bytes, present, planes
 
 
 @dataclass(frozen=True)
@@ -356,8 +356,8 @@ class Codec:
             got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
             got[span, pkt] = present[rows]
             short = got < sizes
-            if not short.any():  # nothing missing (the usual case): a fill, no per-coordinate test
-                miss = torch.zeros(g.count * g.filled, dtype=torch.bool, device=device)
+            if not short.any():  # nothing missing (the usual case): one False seen everywhere
+                miss = torch.zeros((), dtype=torch.bool, device=device).expand(g.count * g.filled)
             elif self.rotated:
                 miss = short.any(dim=1, keepdim=True).expand(g.count, g.filled)
             else:  # coordinate i of packet p is missing past what arrived of p
@@ -369,8 +369,6 @@ class Codec:
             "bytes": nbytes,
             "present": present,
             "planes": torch.clamp((8 * nbytes) // coords, max=self.planes),
-            "bits_per_coord": 8.0 * nbytes.to(torch.float64) / coords,
-            "expected_nmse": self.expected_nmse(coords, nbytes),
         }
         return Decoded(_cat(values), _cat(missing), stats)
 
