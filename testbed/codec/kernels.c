@@ -19,6 +19,9 @@
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define TL_AVX512 1
+#if defined(__GFNI__) && defined(__AVX512VBMI__)
+#define TL_GFNI 1 /* 8×8 bit transposes (gf2p8affineqb) and byte permutes (vpermb) */
+#endif
 #endif
 
 #define EMBEDDED 1
@@ -381,6 +384,55 @@ static inline __m512i reverse8_epi16(__m512i v) {
     return _mm512_permutexvar_epi16(rev, v);
 }
 
+#ifdef TL_GFNI
+/* 32 q16 (16-bit lanes) ↔ 16 dwords, dword P = plane P's 4 bytes (bit 15 − P of each q16,
+   coordinate t of each 8 at bit 7 − t): bytes regrouped so each qword is one 8×8 bit
+   matrix (8 coordinates' high or low bytes), transposed by gf2p8affineqb against the
+   anti-diagonal unit vectors, regrouped by plane. The transpose is its own inverse. */
+static const uint8_t Q16_TO_ROWS[64] = {
+    1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31, 16, 18, 20, 22,
+    24, 26, 28, 30, 33, 35, 37, 39, 41, 43, 45, 47, 32, 34, 36, 38, 40, 42, 44, 46, 49, 51, 53, 55, 57,
+    59, 61, 63, 48, 50, 52, 54, 56, 58, 60, 62};
+static const uint8_t ROWS_TO_PLANES[64] = {
+    0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38,
+    54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59, 12, 28, 44, 60, 13,
+    29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+static const uint8_t ROWS_TO_Q16[64] = {
+    8, 0, 9, 1, 10, 2, 11, 3, 12, 4, 13, 5, 14, 6, 15, 7, 24, 16, 25, 17, 26, 18, 27, 19, 28, 20, 29, 21,
+    30, 22, 31, 23, 40, 32, 41, 33, 42, 34, 43, 35, 44, 36, 45, 37, 46, 38, 47, 39, 56, 48, 57, 49, 58,
+    50, 59, 51, 60, 52, 61, 53, 62, 54, 63, 55};
+static const uint8_t PLANES_TO_ROWS[64] = {
+    0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41,
+    45, 49, 53, 57, 61, 2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 3, 7, 11, 15, 19,
+    23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63};
+
+static inline __m512i bit_transpose8(__m512i rows) {
+    return _mm512_gf2p8affine_epi64_epi8(_mm512_set1_epi64(0x0102040810204080LL), rows, 0);
+}
+
+static inline __m512i q16_to_planes(__m512i q) {
+    __m512i rows = _mm512_permutexvar_epi8(_mm512_loadu_si512(Q16_TO_ROWS), q);
+    return _mm512_permutexvar_epi8(_mm512_loadu_si512(ROWS_TO_PLANES), bit_transpose8(rows));
+}
+
+static inline __m512i planes_to_q16(__m512i planes) {
+    __m512i rows = bit_transpose8(_mm512_permutexvar_epi8(_mm512_loadu_si512(PLANES_TO_ROWS), planes));
+    return _mm512_permutexvar_epi8(_mm512_loadu_si512(ROWS_TO_Q16), rows);
+}
+
+/* 4×4 dword transpose in each 128-bit lane: v[u] dword 4L + j ↔ v[j] dword 4L + u. With
+   v[u] the planes of coordinates 32u.. (dword P = plane P), lane L of v[j] becomes plane
+   4L + j's 16 bytes for 128 coordinates, and back. */
+static inline void transpose4_lanes(__m512i v[4]) {
+    __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+#endif
+
 /* 32 coordinates at a time: q16 as 16-bit lanes; plane j (bit 15 − j) is the lanes' top
    bits after j shifts, 4 bytes of the plane a store. */
 static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body,
@@ -390,7 +442,26 @@ static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, u
     int ok = sigma > 0, k = J->planes;
     int64_t plane = c / 8;
     const __m512 vs = _mm512_set1_ps(sigma);
-    for (int64_t i = 0; i < c; i += 32) {
+    int64_t i = 0;
+#ifdef TL_GFNI
+    /* 128 coordinates at a time: each plane's 16 bytes in one store */
+    for (; i + 128 <= c; i += 128) {
+        __m512i v[4];
+        for (int u = 0; u < 4; u++) {
+            __m256i a = _mm512_cvtepi32_epi16(quantize_x16(J->thresholds, z_of(y + i + 32 * u, vs, ok)));
+            __m256i b = _mm512_cvtepi32_epi16(quantize_x16(J->thresholds, z_of(y + i + 32 * u + 16, vs, ok)));
+            v[u] = q16_to_planes(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+        }
+        transpose4_lanes(v);
+#define TL_STORE_PLANE(j) \
+    if ((j) < k) _mm_storeu_si128((__m128i *)(body + (j) * plane + i / 8), _mm512_extracti32x4_epi32(v[(j) & 3], (j) >> 2));
+        TL_STORE_PLANE(0) TL_STORE_PLANE(1) TL_STORE_PLANE(2) TL_STORE_PLANE(3) TL_STORE_PLANE(4) TL_STORE_PLANE(5)
+        TL_STORE_PLANE(6) TL_STORE_PLANE(7) TL_STORE_PLANE(8) TL_STORE_PLANE(9) TL_STORE_PLANE(10)
+        TL_STORE_PLANE(11) TL_STORE_PLANE(12) TL_STORE_PLANE(13) TL_STORE_PLANE(14) TL_STORE_PLANE(15)
+#undef TL_STORE_PLANE
+    }
+#endif
+    for (; i < c; i += 32) {
         __m256i a = _mm512_cvtepi32_epi16(quantize_x16(J->thresholds, z_of(y + i, vs, ok)));
         __m256i b = _mm512_cvtepi32_epi16(quantize_x16(J->thresholds, z_of(y + i + 16, vs, ok)));
         __m512i q = reverse8_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
@@ -403,21 +474,55 @@ static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, u
     return sigma;
 }
 
+/* What decoding a packet's coordinates needs besides their q16: the marker bit of the
+   level that arrived (one level finer for the partial plane's prefix) and the scale. */
+typedef struct {
+    __m512i vmark, vref, nref;
+    __m128i drop;
+    __m512 vscale;
+} levels_t;
+
+/* 32 coordinates from i on: v = 2·(q16 ≫ (16 − k)) | marker into the centroid table, × scale. */
+static inline void centroids32(const float *table, const levels_t *L, __m512i q, int64_t i, float *y) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int h = 0; h < 2; h++) {
+        __m512i q32 = _mm512_cvtepu16_epi32(h ? _mm512_extracti64x4_epi64(q, 1) : _mm512_castsi512_si256(q));
+        __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32((int)(i + 16 * h)));
+        __m512i mark = _mm512_mask_mov_epi32(L->vmark, _mm512_cmpgt_epi32_mask(L->nref, idx), L->vref);
+        __m512i v = _mm512_or_si512(_mm512_slli_epi32(_mm512_srl_epi32(q32, L->drop), 1), mark);
+        _mm512_storeu_ps(y + i + 16 * h, _mm512_mul_ps(_mm512_i32gather_ps(v, table, 4), L->vscale));
+    }
+}
+
 /* The inverse: q16's known bits from whole planes and the partial plane's prefix, then
-   v = 2q | marker (refined coordinates one level finer) into the centroid table. */
+   the centroids. */
 static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
                                    int64_t c, float *y) {
     int k = J->planes;
     arrived_t got = planes_arrived(k, c, len);
     int64_t plane = got.plane, whole = got.whole, part = got.part;
     uint32_t marker = 1u << (k - whole), refined = marker >> 1;
-    int64_t refined_coords = 8 * part;
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i vmark = _mm512_set1_epi32((int)marker), vref = _mm512_set1_epi32((int)refined);
-    const __m512i nref = _mm512_set1_epi32((int)refined_coords);
-    const __m128i drop = _mm_cvtsi32_si128(QBITS - k);
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int64_t i = 0; i < c; i += 32) {
+    const levels_t L = {_mm512_set1_epi32((int)marker), _mm512_set1_epi32((int)refined),
+                        _mm512_set1_epi32((int)(8 * part)), _mm_cvtsi32_si128(QBITS - k), _mm512_set1_ps(scale)};
+    int64_t i = 0;
+#ifdef TL_GFNI
+    /* all 16 planes (an untrimmed packet): 128 coordinates at a time, each plane's 16 bytes
+       in one load */
+    for (; whole == 16 && i + 128 <= c; i += 128) {
+        __m512i v[4];
+        const uint8_t *at = body + i / 8;
+        for (int j = 0; j < 4; j++) {
+            __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(at + j * plane))),
+                                                 _mm_loadu_si128((const __m128i *)(at + (4 + j) * plane)), 1);
+            __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(at + (8 + j) * plane))),
+                                                 _mm_loadu_si128((const __m128i *)(at + (12 + j) * plane)), 1);
+            v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        transpose4_lanes(v);
+        for (int u = 0; u < 4; u++) centroids32(J->table, &L, planes_to_q16(v[u]), i + 32 * u, y);
+    }
+#endif
+    for (; i < c; i += 32) {
         __m512i q = _mm512_setzero_si512();
         for (int j = 0; j < whole; j++) {
             uint32_t m;
@@ -430,14 +535,7 @@ static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t 
             memcpy(&m, body + whole * plane + i / 8, (size_t)n);
             q = _mm512_mask_add_epi16(q, (__mmask32)m, q, _mm512_set1_epi16((short)(1u << (15 - whole))));
         }
-        q = reverse8_epi16(q);
-        for (int h = 0; h < 2; h++) {
-            __m512i q32 = _mm512_cvtepu16_epi32(h ? _mm512_extracti64x4_epi64(q, 1) : _mm512_castsi512_si256(q));
-            __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32((int)(i + 16 * h)));
-            __m512i mark = _mm512_mask_mov_epi32(vmark, _mm512_cmpgt_epi32_mask(nref, idx), vref);
-            __m512i v = _mm512_or_si512(_mm512_slli_epi32(_mm512_srl_epi32(q32, drop), 1), mark);
-            _mm512_storeu_ps(y + i + 16 * h, _mm512_mul_ps(_mm512_i32gather_ps(v, J->table, 4), vscale));
-        }
+        centroids32(J->table, &L, reverse8_epi16(q), i, y);
     }
 }
 #else

@@ -1,7 +1,7 @@
 """The native codec kernels (kernels.c) put the same bytes on the wire as the torch
 reference and decode every truncation to the same values — built with the host's vector
-units (AVX-512 here), with AVX2 only, and without either (the plain C path that hosts
-without AVX2 run)."""
+units (AVX-512 with GFNI here), for AVX-512 without GFNI, for AVX2 only, and without any
+(the plain C path that hosts without AVX2 run)."""
 
 import ctypes
 import platform
@@ -22,16 +22,20 @@ IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items()) or 'default'}" for n, p
 FIELDS = ("span", "index", "coords", "scale", "body", "length")
 
 
-@pytest.fixture(params=["host", "avx2", "plain"])
+# builds for older x86-64 CPUs than this host's: AVX-512 without GFNI and VBMI, AVX2 only
+OLDER_X86 = {"avx512": "-march=skylake-avx512", "avx2": "-march=haswell"}
+
+
+@pytest.fixture(params=["host", *OLDER_X86, "plain"])
 def kernels(request, monkeypatch):
-    """The kernels as built for this host, for an AVX2 CPU without AVX-512 (haswell), and
-    for a baseline x86-64/any CPU."""
+    """The kernels as built for this host, for older x86-64 CPUs (each vector path the
+    host's build skips), and for a baseline x86-64/any CPU."""
     if request.param != "host":
         flags = [f for f in native.FLAGS if not f.startswith("-march")]
-        if request.param == "avx2":
+        if request.param in OLDER_X86:
             if platform.machine() not in ("x86_64", "AMD64"):
-                pytest.skip("the AVX2 build is for x86-64 hosts")
-            flags.append("-march=haswell")
+                pytest.skip(f"the {request.param} build is for x86-64 hosts")
+            flags.append(OLDER_X86[request.param])
         monkeypatch.setattr(native, "FLAGS", flags)
         native._lib.cache_clear()
     monkeypatch.setenv("TRIMLAB_CODEC_IMPL", "native")
