@@ -110,12 +110,36 @@ static inline __m512 bfly_lanes(__m512 v, __m512i partner, __mmask16 upper) {
     return _mm512_mask_sub_ps(_mm512_add_ps(v, w), upper, w, v);
 }
 
+/* The sign-flip lane masks of a span's 16-float registers: halves of each 32-coordinate
+   hash word (as flip_signs), computed once per span. */
+static void flip_masks(uint64_t key, int64_t n, uint16_t *m) {
+    for (int64_t word = 0; word < n / 32; word++) {
+        uint32_t h = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ (uint32_t)key) ^ (uint32_t)(key >> 32));
+        m[2 * word] = (uint16_t)h;
+        m[2 * word + 1] = (uint16_t)(h >> 16);
+    }
+}
+
+static inline __m512 flip_by(__m512 v, uint16_t mask) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    return _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), (__mmask16)mask, _mm512_castps_si512(v), sign));
+}
+
+/* What the last pass of the butterflies does to each register after them: × scale (the
+   RHT's 1/√n), then for the inverse RHT flip signs and × post (2^e of a prescaled span,
+   0: none), stored to `out` — the same operations, in the same order, as the separate
+   passes of the plain path. */
+typedef struct {
+    float scale, post;
+    const uint16_t *flip; /* flip_masks, or NULL */
+    float *out;
+} finish_t;
+
 /* Stages h = 16·s, 32·s, ... (r of them) over registers s apart, all r while the 2^r
-   registers are loaded; the last pass also multiplies by `scale` (0: none). Each value
-   goes through the same additions in the same order as stage after stage would. */
+   registers are loaded; F (the last pass only) finishes each register. Each value goes
+   through the same additions in the same order as stage after stage would. */
 static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv, int64_t s, int r,
-                                                            float scale) {
-    const __m512 vs = _mm512_set1_ps(scale);
+                                                            const finish_t *F) {
     for (int64_t b = 0; b < nv; b += s << r)
         for (int64_t j = 0; j < s; j++) {
             __m512 v[8];
@@ -127,9 +151,47 @@ static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv
                         v[k] = _mm512_add_ps(a, c);
                         v[k | (1 << t)] = _mm512_sub_ps(a, c);
                     }
-            for (int k = 0; k < (1 << r); k++)
-                _mm512_storeu_ps(y + 16 * (b + j + k * s), scale != 0.0f ? _mm512_mul_ps(v[k], vs) : v[k]);
+            for (int k = 0; k < (1 << r); k++) {
+                int64_t vi = b + j + k * s;
+                if (F) {
+                    v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(F->scale));
+                    if (F->flip) v[k] = flip_by(v[k], F->flip[vi]);
+                    if (F->post != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(F->post));
+                }
+                _mm512_storeu_ps((F && F->out ? F->out : y) + 16 * vi, v[k]);
+            }
         }
+}
+
+/* Stages 1, 2, 4, 8 inside each register, reading `in` (× pre first unless pre is 0, then
+   the RHT's sign flips with `flip` masks) and writing y; then the other stages three at a
+   time (two or one for the last pass, which finishes with F). n ≥ 32. */
+static void fwht_avx512(const float *in, float *y, int64_t n, float pre, const uint16_t *flip,
+                        const finish_t *F) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i p1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1)), p2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
+    const __m512i p4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4)), p8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 v = _mm512_loadu_ps(in + i);
+        if (pre != 0.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(pre));
+        if (flip) v = flip_by(v, flip[i / 16]);
+        v = bfly_lanes(v, p1, 0xAAAA);
+        v = bfly_lanes(v, p2, 0xCCCC);
+        v = bfly_lanes(v, p4, 0xF0F0);
+        _mm512_storeu_ps(y + i, bfly_lanes(v, p8, 0xFF00));
+    }
+    int64_t nv = n / 16, s = 1;
+    int left = 0;
+    for (int64_t m = nv; m > 1; m >>= 1) left++;
+    while (left > 0) {
+        int r = left >= 3 ? 3 : left;
+        if (left > r) fwht_pass(y, nv, s, 3, NULL); /* middle passes: r is 3 */
+        else if (r == 3) fwht_pass(y, nv, s, 3, F);
+        else if (r == 2) fwht_pass(y, nv, s, 2, F);
+        else fwht_pass(y, nv, s, 1, F);
+        s <<= r;
+        left -= r;
+    }
 }
 #endif
 
@@ -138,29 +200,8 @@ static void fwht_scaled(float *y, int64_t n, float scale) {
     int64_t h = 1;
 #ifdef TL_AVX512
     if (n >= 32) {
-        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512i p1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1)), p2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
-        const __m512i p4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4)), p8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
-        for (int64_t i = 0; i < n; i += 16) {
-            __m512 v = _mm512_loadu_ps(y + i);
-            v = bfly_lanes(v, p1, 0xAAAA);
-            v = bfly_lanes(v, p2, 0xCCCC);
-            v = bfly_lanes(v, p4, 0xF0F0);
-            _mm512_storeu_ps(y + i, bfly_lanes(v, p8, 0xFF00));
-        }
-        /* the other stages three at a time (two or one for the last pass) */
-        int64_t nv = n / 16, s = 1;
-        int left = 0;
-        for (int64_t m = nv; m > 1; m >>= 1) left++;
-        while (left > 0) {
-            int r = left >= 3 ? 3 : left;
-            float sc = left == r ? scale : 0.0f;
-            if (r == 3) fwht_pass(y, nv, s, 3, sc);
-            else if (r == 2) fwht_pass(y, nv, s, 2, sc);
-            else fwht_pass(y, nv, s, 1, sc);
-            s <<= r;
-            left -= r;
-        }
+        const finish_t F = {scale, 0.0f, NULL, NULL};
+        fwht_avx512(y, y, n, 0.0f, NULL, &F);
         return;
     }
 #endif
@@ -869,19 +910,27 @@ static int64_t row_of(const job_t *J, int64_t s, int64_t p) {
     return p < n_full ? J->row_full + s * n_full + p : J->row_tail + s;
 }
 
-static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q) {
+static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint16_t *masks) {
     const float *x = J->x + s * J->filled;
     int64_t n = J->size;
-    memcpy(buf, x, (size_t)J->filled * sizeof(float));
-    memset(buf + J->filled, 0, (size_t)(n - J->filled) * sizeof(float));
-    int32_t e = 0;
-    if (J->prescaled) {
-        e = span_exponent(buf, J->filled);
-        scale_by(buf, J->filled, ldexpf(1.0f, -e));
-    }
-    if (J->rotated) {
-        flip_signs(buf, n, tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s)));
-        fwht_scaled(buf, n, (float)(1.0 / sqrt((double)n)));
+    int32_t e = J->prescaled ? span_exponent(x, J->filled) : 0;
+    uint64_t key = tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s));
+    float inv_sqrt = (float)(1.0 / sqrt((double)n));
+#ifdef TL_AVX512
+    if (J->rotated && J->filled == n && n >= 32) { /* fewer passes: read x, prescale and flip in the first */
+        const finish_t F = {inv_sqrt, 0.0f, NULL, NULL};
+        flip_masks(key, n, masks);
+        fwht_avx512(x, buf, n, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, &F);
+    } else
+#endif
+    {
+        memcpy(buf, x, (size_t)J->filled * sizeof(float));
+        memset(buf + J->filled, 0, (size_t)(n - J->filled) * sizeof(float));
+        if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, -e));
+        if (J->rotated) {
+            flip_signs(buf, n, key);
+            fwht_scaled(buf, n, inv_sqrt);
+        }
     }
     float unit = ldexpf(1.0f, e);
     for (int64_t p = 0; p < packets_in_span(J); p++) {
@@ -906,7 +955,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q) {
     }
 }
 
-static void decode_span(const job_t *J, int64_t s, float *buf) {
+static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) {
     int64_t n = J->size, per_span = packets_in_span(J);
     for (int64_t p = 0; p < per_span; p++) {
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
@@ -922,9 +971,19 @@ static void decode_span(const job_t *J, int64_t s, float *buf) {
             raw_decode_packet(J->codec, J->body + row * J->width, J->length[row], c, y);
         }
     }
+    uint64_t key = tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s));
+    float inv_sqrt = (float)(1.0 / sqrt((double)n));
+#ifdef TL_AVX512
+    if (J->rotated && J->filled == n && n >= 32) { /* the last pass scales, flips, unscales, writes out */
+        const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, J->exps[s]) : 0.0f, masks, J->out + s * J->filled};
+        flip_masks(key, n, masks);
+        fwht_avx512(buf, buf, n, 0.0f, NULL, &F);
+        return;
+    }
+#endif
     if (J->rotated) {
-        fwht_scaled(buf, n, (float)(1.0 / sqrt((double)n)));
-        flip_signs(buf, n, tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s)));
+        fwht_scaled(buf, n, inv_sqrt);
+        flip_signs(buf, n, key);
     }
     if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, J->exps[s]));
     memcpy(J->out + s * J->filled, buf, (size_t)J->filled * sizeof(float));
@@ -941,18 +1000,21 @@ static void *run_part(void *arg) {
     const job_t *J = P->job;
     float *buf = aligned_alloc(64, (size_t)((J->size * 4 + 63) / 64 * 64));
     uint8_t *q = malloc((size_t)J->coords * 2);
-    if (!buf || !q) {
+    uint16_t *masks = malloc((size_t)(J->size / 16 + 1) * sizeof(uint16_t)); /* a span's sign flips */
+    if (!buf || !q || !masks) {
         free(buf);
         free(q);
+        free(masks);
         P->status = -1;
         return NULL;
     }
     for (int64_t s = P->first; s < P->last; s++) {
-        if (P->encode) encode_span(J, s, buf, q);
-        else decode_span(J, s, buf);
+        if (P->encode) encode_span(J, s, buf, q, masks);
+        else decode_span(J, s, buf, masks);
     }
     free(buf);
     free(q);
+    free(masks);
     P->status = 0;
     return NULL;
 }
