@@ -807,7 +807,23 @@ static void sign_tail_decode_packet(const uint8_t *body, int64_t len, float scal
         for (int64_t g = 0; g < c / 32; g++) {
             uint32_t out[32], sgn;
             memcpy(&sgn, body + 4 * g, 4); /* coordinate 32g + j: bit 7 - j%8 of byte j/8 */
-#ifdef __AVX2__
+#if defined(TL_AVX512)
+            /* straight from the packet: w[j−1] (for j = 0 the head's last word, masked off)
+               and w[j] (lane 31 past the group, not read) */
+            const uint8_t *w = tail + 4 * 31 * g;
+            for (int j = 0; j < 32; j += 16) {
+                __m512i p16 = _mm512_loadu_si512(w + 4 * (j - 1));
+                __m512i c16 = _mm512_maskz_loadu_epi32(j ? 0x7FFF : 0xFFFF, w + 4 * j);
+                __m512i lo = _mm512_sllv_epi32(_mm512_and_si512(p16, _mm512_loadu_si512(ST_LOMASK + j)),
+                                               _mm512_loadu_si512(ST_LSHIFT + j));
+                __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(c16, _mm512_loadu_si512(ST_RSHIFT + j)),
+                                              _mm512_loadu_si512(ST_HIMASK + j));
+                __m512i sb = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)sgn),
+                                                                 _mm512_loadu_si512(ST_SIGNBIT + j)), 31);
+                _mm512_storeu_si512(y + 32 * g + j, _mm512_ternarylogic_epi32(lo, hi, sb, 0xFE));
+            }
+            continue;
+#elif defined(__AVX2__)
             /* straight from the packet: w[j−1] (for j = 0 the head's last word, masked off)
                and w[j] (lane 31 past the group, not read) */
             const uint8_t *w = tail + 4 * 31 * g;
