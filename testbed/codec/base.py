@@ -346,15 +346,21 @@ class Codec:
             sizes[-1] = g.size - (per_span - 1) * lay.coords
             rows = ((packets.span >= g.first) & (packets.span < g.first + g.count)
                     & (packets.index >= 0) & (packets.index < per_span)).nonzero().squeeze(1)
-            rows = rows[packets.coords[rows] == sizes[packets.index[rows]]]
-            span, pkt = packets.span[rows] - g.first, packets.index[rows]
+            if len(rows) == len(packets):  # every packet is this group's (the usual case): no gathers
+                fits = packets.coords == sizes[packets.index]
+                rows = rows if bool(fits.all()) else rows[fits]
+            else:
+                rows = rows[packets.coords[rows] == sizes[packets.index[rows]]]
+            every = len(rows) == len(packets)
+            span = packets.span - g.first if every else packets.span[rows] - g.first
+            pkt = packets.index if every else packets.index[rows]
             exp = self._decode_exponents(packets, g)
             if use_native:
                 xs = self._decode_group_native(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
             else:
                 xs = self._decode_group_torch(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
             got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
-            got[span, pkt] = present[rows]
+            got[span, pkt] = present if every else present[rows]
             short = got < sizes
             if not short.any():  # nothing missing (the usual case): one False seen everywhere
                 miss = torch.zeros((), dtype=torch.bool, device=device).expand(g.count * g.filled)
@@ -395,8 +401,10 @@ class Codec:
         body = packets.body.contiguous()
         slots = torch.full((g.count * per_span,), -1, dtype=torch.int64)
         slots[span * per_span + pkt] = rows
-        row_scale = packets.scale.to(torch.float32).clone()
-        row_scale[rows] = torch.ldexp(row_scale[rows], -exp[span])
+        row_scale = packets.scale.to(torch.float32).contiguous()
+        if self.prescaled:  # (others' exponents are 0)
+            row_scale = row_scale.clone()
+            row_scale[rows] = torch.ldexp(row_scale[rows], -exp[span])
         out = torch.empty(g.count * g.filled, dtype=torch.float32)
         native.decode_group(self, ctx, g, body, slots, nbytes.clamp(max=body.shape[1]).contiguous(),
                             row_scale, exp.to(torch.int32).contiguous(), out)
