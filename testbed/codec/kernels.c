@@ -7,7 +7,9 @@
  *   - per-packet sums in 32 lanes, row after row, then folded 16, 8, 4, 2, 1;
  *   - embedded: q = number of thresholds T[j] ≤ z (one shared table), found from a cubic
  *     guess and corrected by comparisons, so the guess's rounding never shows;
- *   - no contraction into FMA (built with -ffp-contract=off), no fast-math.
+ *   - no contraction into FMA (built with -ffp-contract=off), no fast-math; the FMAs
+ *     written out either cannot change a result (v·(±1) + w: the product is exact) or
+ *     only feed a guess that comparisons correct.
  * Built by trimlab.native at first use; loaded with ctypes by trimlab.codec.native. */
 #include <math.h>
 #include <pthread.h>
@@ -104,10 +106,16 @@ static void flip_signs(float *y, int64_t n, uint64_t key) {
 /* -- Walsh–Hadamard butterflies, stage order fixed ---------------------------------------- */
 #ifdef TL_AVX512
 /* One stage h < 16 inside a 16-float register: lane i pairs with lane i ^ h; the lower
-   lane gets a + b, the upper a − b (a the lower lane's value), as the scalar loop does. */
-static inline __m512 bfly_lanes(__m512 v, __m512i partner, __mmask16 upper) {
-    __m512 w = _mm512_permutexvar_ps(partner, v);
-    return _mm512_mask_sub_ps(_mm512_add_ps(v, w), upper, w, v);
+   lane gets a + b, the upper a − b (a the lower lane's value), as the scalar loop does:
+   partner + v·(±1), one rounding, the product exact. */
+static inline __m512 bfly_lanes(__m512 v, __m512i partner, __m512 sign) {
+    return _mm512_fmadd_ps(v, sign, _mm512_permutexvar_ps(partner, v));
+}
+
+/* ±1 per lane for stage h: −1 where bit h of the lane index is set. */
+static inline __m512 stage_sign(__m512i lane, int h) {
+    __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
+    return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f));
 }
 
 /* The sign-flip lane masks of a span's 16-float registers: halves of each 32-coordinate
@@ -171,14 +179,15 @@ static void fwht_avx512(const float *in, float *y, int64_t n, float pre, const u
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i p1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1)), p2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
     const __m512i p4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4)), p8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
+    const __m512 s1 = stage_sign(lane, 1), s2 = stage_sign(lane, 2), s4 = stage_sign(lane, 4), s8 = stage_sign(lane, 8);
     for (int64_t i = 0; i < n; i += 16) {
         __m512 v = _mm512_loadu_ps(in + i);
         if (pre != 0.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(pre));
         if (flip) v = flip_by(v, flip[i / 16]);
-        v = bfly_lanes(v, p1, 0xAAAA);
-        v = bfly_lanes(v, p2, 0xCCCC);
-        v = bfly_lanes(v, p4, 0xF0F0);
-        _mm512_storeu_ps(y + i, bfly_lanes(v, p8, 0xFF00));
+        v = bfly_lanes(v, p1, s1);
+        v = bfly_lanes(v, p2, s2);
+        v = bfly_lanes(v, p4, s4);
+        _mm512_storeu_ps(y + i, bfly_lanes(v, p8, s8));
     }
     int64_t nv = n / 16, s = 1;
     int left = 0;
