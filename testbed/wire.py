@@ -180,16 +180,16 @@ class Frames:
 def packetize_frames(grad, codec, mtu: int = 1500, coords: int | None = None, span: int = 4096,
                      ids: PacketIds = PacketIds(), seed: int = 0, ipv6: bool = False) -> Frames:
     """Encode a gradient bucket into UDP payloads (header + body) that fit the MTU."""
-    from trimlab.codec import (
-        CodecContext,  # heavy (torch): wire's header helpers start without it
-    )
+    import torch  # heavy, as trimlab.codec: wire's header helpers start without them
+
+    from trimlab.codec import CodecContext
 
     coords = _check_layout(codec, mtu, coords, span, ipv6)
     ctx = CodecContext(seed=seed, step=ids.step, bucket=ids.bucket, span=span, coords=coords)
-    pk = codec.encode(grad, ctx)
-    body = pk.body.cpu().numpy()
+    n, width = codec.body_shape(grad.numel(), ctx)
+    frames = np.empty((n, HEADER_LEN + width), dtype=np.uint8)
+    pk = codec.encode(grad, ctx, body=torch.from_numpy(frames)[:, HEADER_LEN:])  # bodies in place
     length = pk.length.cpu().numpy()
-    n = len(pk)
     head = np.zeros(n, dtype=HEADER_DTYPE)
     head["magic_version"] = (MAGIC << 4) | VERSION
     head["codec_flags"] = (codec.codec_id << 4) | codec.flags
@@ -200,7 +200,7 @@ def packetize_frames(grad, codec, mtu: int = 1500, coords: int | None = None, sp
     head["coords"] = pk.coords.cpu().numpy()
     head["length"] = HEADER_LEN + length
     head["scale"] = pk.scale.cpu().numpy()
-    frames = np.concatenate([head.view(np.uint8).reshape(n, HEADER_LEN), body], axis=1)
+    frames[:, :HEADER_LEN] = head.view(np.uint8).reshape(n, HEADER_LEN)
     return Frames(frames, (HEADER_LEN + length).astype(np.int64))
 
 

@@ -241,21 +241,34 @@ class Codec:
             yield (b, y, span_idx.repeat_interleave(b.per_span), pkt_idx.repeat(b.group.count),
                    exps[b.group].repeat_interleave(b.per_span))
 
-    def encode(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
-        """Encode a flat float tensor into packets (span-major order within each block)."""
+    def body_shape(self, numel: int, ctx: CodecContext) -> tuple[int, int]:
+        """(packets, bytes of the longest body) of `encode` for `numel` coordinates."""
+        lay = self.layout(numel, ctx)
+        return (sum(b.group.count * b.per_span for b in lay.blocks),
+                max(self.body_bytes(b.coords) for b in lay.blocks))
+
+    def encode(self, x: torch.Tensor, ctx: CodecContext, body: torch.Tensor | None = None) -> Packets:
+        """Encode a flat float tensor into packets (span-major order within each block).
+        `body`: where the bodies go, a CPU uint8 tensor of `body_shape` (its rows may be
+        strided, e.g. the body columns of a frames array); the packets' body is then it."""
         if self.implementation(x.device) == "native":
-            return self._encode_native(x, ctx)
+            return self._encode_native(x, ctx, body)
         parts = []
         for b, y, span_idx, pkt_idx, exp in self._blocks(x, ctx):
-            body, scale = self.encode_block(y)
-            parts.append((span_idx, pkt_idx, b.coords, torch.ldexp(scale, exp), body))
-        return _concat(parts, x.device)
+            blk, scale = self.encode_block(y)
+            parts.append((span_idx, pkt_idx, b.coords, torch.ldexp(scale, exp), blk))
+        packets = _concat(parts, x.device)
+        if body is not None:
+            body.copy_(packets.body)
+            packets.body = body
+        return packets
 
-    def _encode_native(self, x: torch.Tensor, ctx: CodecContext) -> Packets:
+    def _encode_native(self, x: torch.Tensor, ctx: CodecContext, body: torch.Tensor | None) -> Packets:
         flat = x.detach().reshape(-1).to(torch.float32).contiguous()
         lay = self.layout(flat.numel(), ctx)
         span, index, coords, length = lay.skeleton(self.body_bytes)
-        body = torch.empty(length.shape[0], int(length.max()), dtype=torch.uint8)
+        if body is None:
+            body = torch.empty(length.shape[0], int(length.max()), dtype=torch.uint8)
         scale = torch.empty(length.shape[0], dtype=torch.float32)
         native.encode_groups(self, flat, ctx, lay, body, scale)
         return Packets(span, index, coords, scale, body, length)

@@ -46,7 +46,8 @@ typedef struct {
     /* encode */
     const float *x;          /* the group's first coordinate */
     uint8_t *body;           /* packet rows */
-    int64_t width;           /* bytes per row */
+    int64_t width;           /* body bytes per row (encode zero-fills a row to it) */
+    int64_t stride;          /* bytes from one row to the next (≥ width: rows may sit in frames) */
     int64_t row_full, row_tail; /* first row of the full-packet block, of the tail block */
     float *scale;            /* per row, the header scale */
     /* decode */
@@ -961,7 +962,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     for (int64_t p = 0; p < packets_in_span(J); p++) {
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
         int64_t row = row_of(J, s, p);
-        uint8_t *body = J->body + row * J->width;
+        uint8_t *body = J->body + row * J->stride;
         float sigma;
         int64_t used;
         if (J->codec == EMBEDDED) {
@@ -989,11 +990,11 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
         if (row < 0) {
             memset(y, 0, (size_t)c * sizeof(float));
         } else if (J->codec == EMBEDDED) {
-            embedded_decode_packet(J, J->body + row * J->width, J->length[row], J->row_scale[row], c, y);
+            embedded_decode_packet(J, J->body + row * J->stride, J->length[row], J->row_scale[row], c, y);
         } else if (J->codec == SIGN_TAIL) {
-            sign_tail_decode_packet(J->body + row * J->width, J->length[row], J->row_scale[row], c, y);
+            sign_tail_decode_packet(J->body + row * J->stride, J->length[row], J->row_scale[row], c, y);
         } else {
-            raw_decode_packet(J->codec, J->body + row * J->width, J->length[row], c, y);
+            raw_decode_packet(J->codec, J->body + row * J->stride, J->length[row], c, y);
         }
     }
     uint64_t key = tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s));

@@ -34,7 +34,7 @@ class _Job(ctypes.Structure):
         ("seed", ctypes.c_uint64), ("step", ctypes.c_uint64), ("bucket", ctypes.c_uint64),
         ("first_span", _I64), ("count", _I64), ("filled", _I64), ("size", _I64), ("coords", _I64),
         ("thresholds", _P), ("poly", _P), ("table", _P),
-        ("x", _P), ("body", _P), ("width", _I64), ("row_full", _I64), ("row_tail", _I64),
+        ("x", _P), ("body", _P), ("width", _I64), ("stride", _I64), ("row_full", _I64), ("row_tail", _I64),
         ("scale", _P),
         ("slots", _P), ("length", _P), ("row_scale", _P), ("exps", _P), ("out", _P),
     ]
@@ -111,13 +111,16 @@ def _job(codec, ctx, group, **kw) -> _Job:
 
 
 def encode_groups(codec, flat: torch.Tensor, ctx, lay, body: torch.Tensor, scale: torch.Tensor) -> None:
-    """Fill `body` (rows in the layout's block order) and `scale` from `flat` (float32)."""
+    """Fill `body` (rows in the layout's block order; its rows may be strided, e.g. inside
+    a frames array, its bytes contiguous) and `scale` from `flat` (float32)."""
+    if body.stride(1) != 1:
+        raise CodecError("codec kernel: body rows must be contiguous bytes")
     tables = codec.native_tables("cpu")
     row = 0
     for g in lay.groups:
         n_full, tail = divmod(g.size, lay.coords)
         job = _job(codec, ctx, g, x=flat.data_ptr() + 4 * g.start, body=body.data_ptr(), width=body.shape[1],
-                   row_full=row, row_tail=row + g.count * n_full, scale=scale.data_ptr(),
+                   stride=body.stride(0), row_full=row, row_tail=row + g.count * n_full, scale=scale.data_ptr(),
                    **{k: _ptr(v) for k, v in tables.items()})
         if _lib().tl_encode_group(ctypes.byref(job), _threads):
             raise MemoryError("codec kernel: out of memory")
@@ -129,7 +132,8 @@ def decode_group(codec, ctx, group, body: torch.Tensor, slots: torch.Tensor, len
     """Decode the spans of `group` into `out` (the group's filled coordinates, contiguous):
     slots (count × packets per span) holds each packet's row in `body` or −1."""
     tables = codec.native_tables("cpu")
-    job = _job(codec, ctx, group, body=body.data_ptr(), width=body.shape[1], slots=slots.data_ptr(),
+    job = _job(codec, ctx, group, body=body.data_ptr(), width=body.shape[1], stride=body.stride(0),
+               slots=slots.data_ptr(),
                length=length.data_ptr(), row_scale=row_scale.data_ptr(), exps=exps.data_ptr(),
                out=out.data_ptr(), **{k: _ptr(v) for k, v in tables.items()})
     if _lib().tl_decode_group(ctypes.byref(job), _threads):

@@ -6,11 +6,12 @@ units (AVX-512 with GFNI here), for AVX-512 without GFNI, for AVX2 only, and wit
 import ctypes
 import platform
 
+import numpy as np
 import pytest
 import torch
 
 from trimlab import native as build
-from trimlab import resources
+from trimlab import resources, wire
 from trimlab.codec import CodecContext, get_codec, native, rht
 from trimlab.codec.base import sqrt_rn
 from trimlab.codec.embedded import guess_poly, quantize16, thresholds
@@ -84,8 +85,19 @@ def test_native_bytes_and_values_equal_the_reference(kernels, monkeypatch, name,
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_frames_hold_the_same_bytes_either_way(kernels, monkeypatch, name, params):
+    """packetize_frames has the codec write bodies in place, rows strided by the header in
+    front of each: the same frames from the kernels as from the reference."""
+    codec = get_codec(name, **params)
+    grad = torch.randn(3 * 4096 + 999, generator=torch.Generator().manual_seed(5))
+    ref, nat = _both(monkeypatch, lambda: wire.packetize_frames(grad, codec, 1500, 352, 4096,
+                                                                wire.PacketIds(1, 2, 3, 4), 7))
+    assert np.array_equal(ref.data, nat.data) and np.array_equal(ref.length, nat.length)
+
+
+@pytest.mark.unit
 def test_sqrt_is_correctly_rounded():
-    import numpy as np
 
     q = torch.cat([torch.rand(1 << 20, generator=torch.Generator().manual_seed(3)) * 4,
                    torch.tensor([0.0, 1.0, 2.0, 1e-30, 3e38, 2.115628682076931e-3])])
