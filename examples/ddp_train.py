@@ -9,6 +9,7 @@ model for every contender); `--eval-every N` adds test accuracy to every Nth ste
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import sys
@@ -93,6 +94,12 @@ def main() -> None:
     if args.save:
         torch.save(model.state_dict(), args.save.format(rank=rank))
     dist.barrier()  # no rank tears gloo down while a peer still talks to it
+    # DDP's reducer holds the process group and gloo's last work (a reference cycle): free
+    # them while the interpreter is whole, so that destroying the group joins gloo's threads
+    # now; left to the interpreter's teardown, a gloo thread can abort the process (seen as
+    # "terminate called without an active exception" after every step was done)
+    del ddp, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
