@@ -209,7 +209,8 @@ class Collector:
         else:
             count.add_(whole)
             least = int(count.min())
-            _divide_units(total, unit, count.clamp_(min=1))
+            if int(count.max()) > 1:  # (dividing by one changes nothing)
+                _divide_units(total, unit, count.clamp_(min=1))
         per_rank = {rank: int(self.received[i]) for i, rank in enumerate(self.order)}
         received = sum(per_rank.values())
         expected = self.expected * len(self.order)
