@@ -442,22 +442,22 @@ static inline __m512i reverse8_epi16(__m512i v) {
    coordinate t of each 8 at bit 7 − t): bytes regrouped so each qword is one 8×8 bit
    matrix (8 coordinates' high or low bytes), transposed by gf2p8affineqb against the
    anti-diagonal unit vectors, regrouped by plane. The transpose is its own inverse. */
-static const uint8_t Q16_TO_ROWS[64] = {
-    1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31, 16, 18, 20, 22,
-    24, 26, 28, 30, 33, 35, 37, 39, 41, 43, 45, 47, 32, 34, 36, 38, 40, 42, 44, 46, 49, 51, 53, 55, 57,
-    59, 61, 63, 48, 50, 52, 54, 56, 58, 60, 62};
-static const uint8_t ROWS_TO_PLANES[64] = {
-    0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38,
-    54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59, 12, 28, 44, 60, 13,
-    29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
-static const uint8_t ROWS_TO_Q16[64] = {
-    8, 0, 9, 1, 10, 2, 11, 3, 12, 4, 13, 5, 14, 6, 15, 7, 24, 16, 25, 17, 26, 18, 27, 19, 28, 20, 29, 21,
-    30, 22, 31, 23, 40, 32, 41, 33, 42, 34, 43, 35, 44, 36, 45, 37, 46, 38, 47, 39, 56, 48, 57, 49, 58,
-    50, 59, 51, 60, 52, 61, 53, 62, 54, 63, 55};
-static const uint8_t PLANES_TO_ROWS[64] = {
-    0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41,
-    45, 49, 53, 57, 61, 2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 3, 7, 11, 15, 19,
-    23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63};
+/* Byte i of a register in each layout: q16 (byte 2c + 1 the high, 2c the low byte of
+   coordinate c), rows (qword 2g + h: the high (h = 0) or low bytes of coordinates
+   8g .. 8g+7), planes (dword P: plane P's bytes for the 4 groups g). */
+#define TL_I64(f) f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(8), f(9), f(10), f(11), f(12), f(13), \
+    f(14), f(15), f(16), f(17), f(18), f(19), f(20), f(21), f(22), f(23), f(24), f(25), f(26), f(27), f(28), \
+    f(29), f(30), f(31), f(32), f(33), f(34), f(35), f(36), f(37), f(38), f(39), f(40), f(41), f(42), f(43), \
+    f(44), f(45), f(46), f(47), f(48), f(49), f(50), f(51), f(52), f(53), f(54), f(55), f(56), f(57), f(58), \
+    f(59), f(60), f(61), f(62), f(63)
+#define TL_ROW_FROM_Q16(i) (16 * ((i) >> 4) + 2 * ((i) & 7) + 1 - (((i) >> 3) & 1))
+#define TL_Q16_FROM_ROW(j) (16 * ((j) >> 4) + 8 * (1 - ((j) & 1)) + (((j) >> 1) & 7))
+#define TL_PLANE_FROM_ROW(i) (16 * ((i) & 3) + ((i) >> 2))
+#define TL_ROW_FROM_PLANE(j) (4 * ((j) & 15) + ((j) >> 4))
+static const uint8_t Q16_TO_ROWS[64] = {TL_I64(TL_ROW_FROM_Q16)};
+static const uint8_t ROWS_TO_Q16[64] = {TL_I64(TL_Q16_FROM_ROW)};
+static const uint8_t ROWS_TO_PLANES[64] = {TL_I64(TL_PLANE_FROM_ROW)};
+static const uint8_t PLANES_TO_ROWS[64] = {TL_I64(TL_ROW_FROM_PLANE)};
 
 static inline __m512i bit_transpose8(__m512i rows) {
     return _mm512_gf2p8affine_epi64_epi8(_mm512_set1_epi64(0x0102040810204080LL), rows, 0);
