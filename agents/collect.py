@@ -58,6 +58,18 @@ class Reduced:
     per_rank: dict[int, int]  # rank -> packets received
 
 
+_ACCEPTED = np.full(0, "accepted", dtype=object)
+
+
+def _accepted(n: int) -> np.ndarray:
+    """A read-only column of n "accepted" (a view of one shared array)."""
+    global _ACCEPTED
+    if len(_ACCEPTED) < n:
+        _ACCEPTED = np.full(max(n, 2 * len(_ACCEPTED), 1024), "accepted", dtype=object)
+        _ACCEPTED.flags.writeable = False
+    return _ACCEPTED[:n]
+
+
 def _units(flat: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`flat` as (whole units, unit) rows, and the shorter last unit (may be empty): views."""
     n = flat.numel() // unit * unit
@@ -107,52 +119,57 @@ class Collector:
         """Take a batch of this bucket's datagrams: check them against the layout and the
         expected senders, drop duplicates, copy each body into its slot."""
         f, n = a.head, len(a.length)
-        status = np.full(n, "accepted", dtype=object)
         row = np.searchsorted(self.order, f["rank"].astype(np.int64))
         row = np.minimum(row, len(self.order) - 1)
         known = (np.asarray(self.order)[row] == f["rank"]) & (self.rank_peer[row] == a.peer)
         discarded: collections.Counter = collections.Counter(rank_mismatch=int((~known).sum()))
-        status[~known] = "rank_mismatch"
         ids = wire.PacketIds(self.node.job, self.step, 0, self.bucket)
         ok, slot, reason = wire.screen(f, a.length, self.node.codec, self.layout, ids, discarded,
                                        ranks=np.asarray(self.order), among=known)
-        status[known & ~ok] = reason[known & ~ok]
         ok &= known
         # duplicates: a slot already filled, or filled earlier in this batch
-        key = np.where(ok, row * max(self.expected, 1) + slot, -1)
-        first = np.zeros(n, dtype=bool)
+        key = row * max(self.expected, 1) + slot
+        dup = ok & (self.got[row, np.maximum(slot, 0)] >= 0)
         if ok.any():
-            _, at = np.unique(key[ok], return_index=True)
-            first[np.flatnonzero(ok)[at]] = True
-        dup = ok & (~first | (self.got[row, np.maximum(slot, 0)] >= 0))
+            okey = key[ok]
+            if (np.diff(okey) <= 0).any():  # (ascending keys, the usual case, cannot repeat)
+                first = np.zeros(n, dtype=bool)
+                first[np.flatnonzero(ok)[np.unique(okey, return_index=True)[1]]] = True
+                dup |= ok & ~first
         discarded["duplicate"] += int(dup.sum())
-        status[dup] = "duplicate"
-        take = np.flatnonzero(ok & ~dup)
+        accept = ok & ~dup
+        take = np.flatnonzero(accept)
         if len(take):
             r, s = row[take], slot[take]
-            have = a.length[take] - wire.HEADER_LEN
-            self.body[r, s] = a.data[take, wire.HEADER_LEN:wire.HEADER_LEN + self.width]
-            short = np.flatnonzero(have < self.width)  # trimmed: clear what a longer packet left
-            if len(short):
-                cols = np.arange(self.width)
-                tail = cols[None, :] >= have[short, None]
-                block = self.body[r[short], s[short]]
-                block[tail] = 0
-                self.body[r[short], s[short]] = block
-            self.got[r, s] = have
+            # bytes past a body's length (another datagram's leftovers) are copied too: every
+            # decoder reads a body only up to its length
+            src = a.data[:, wire.HEADER_LEN:wire.HEADER_LEN + self.width]
+            k = len(take)
+            if take[-1] - take[0] == k - 1 and r[0] == r[-1] and s[-1] - s[0] == k - 1 and (np.diff(s) == 1).all():
+                self.body[r[0], s[0]:s[0] + k] = src[take[0]:take[0] + k]  # a run: one strided copy
+            else:
+                self.body[r, s] = src[take]
+            self.got[r, s] = a.length[take] - wire.HEADER_LEN
             self.scale[r, s] = f["scale"][take]
             self.sent[r, s] = f["length"][take]
-            np.add.at(self.received, r, 1)
+            self.received += np.bincount(r, minlength=len(self.received))
             self.first = self.first or time.monotonic()
-        for reason, count in discarded.items():
+        for why, count in discarded.items():
             if count:
-                self.node.discarded[reason] += count
+                self.node.discarded[why] += count
+        if len(take) == n:  # everything accepted: a shared column, no per-datagram strings
+            status = _accepted(n)
+        else:
+            status = np.full(n, "accepted", dtype=object)
+            status[~known] = "rank_mismatch"
+            status[known & ~ok] = reason[known & ~ok]
+            status[dup] = "duplicate"
         # the log: every datagram of the expected senders (another host's are not theirs)
         cols = {"t_ns": np.full(n, a.time_ns, dtype=np.int64), "src": a.peer, "dscp": a.dscp,
                 "step": f["step"], "rank": f["rank"], "bucket": f["bucket"], "span": f["span"],
                 "packet": f["packet"], "coords": f["coords"], "sent_len": f["length"], "recv_len": a.length,
                 "trimmed": (a.length < f["length"]).astype(np.int64),
-                "_slot": np.where(status == "accepted", row * max(self.expected, 1) + slot, -1), "status": status}
+                "_slot": np.where(accept, key, -1), "status": status}
         self._log.append(cols if known.all() else {k: v[known] for k, v in cols.items()})
 
     @property

@@ -111,7 +111,7 @@ class Node:
         n = len(b)
         match = (b.addr[:, None, :] == self._peer_table[None]).all(2)
         peer = np.where(match.any(1), match.argmax(1), -1) if len(self.peer_addrs) else np.full(n, -1)
-        for p in np.unique(peer[peer >= 0]):
+        for p in np.flatnonzero(np.bincount(peer[peer >= 0], minlength=len(self.peer_addrs))):
             self.last_heard[self.peer_addrs[p]] = now
         head = wire.split_fields(np.ascontiguousarray(b.data[:, :wire.HEADER_LEN]).view(wire.HEADER_DTYPE)[:, 0])
         ok = np.ones(n, dtype=bool)
@@ -131,8 +131,8 @@ class Node:
             mine = rows[stream[rows] == key]
             step_bucket = (key >> 16, key & 0xFFFF)
             coll = self.collectors.get(step_bucket)
-            if coll is not None:
-                coll.add(arrived.take(mine))
+            if coll is not None:  # (the collector copies what it keeps: no copy of a whole batch)
+                coll.add(arrived if len(mine) == n else arrived.take(mine))
             elif step_bucket in self.done_steps:
                 self.discarded["late"] += len(mine)
             elif self.early_bytes + int(b.length[mine].sum()) <= self.early_max_bytes:

@@ -256,10 +256,12 @@ def gso_runs(length: np.ndarray) -> np.ndarray:
 class Receiver:
     """A bound UDP socket that hands back batches of datagrams with their seen TOS; with
     `dscp`, replies sent from it (`sendto`) carry that DSCP. One recvmmsg call reads up to
-    `batch` datagrams of at most `slot` bytes into preallocated arrays (`recv_many`)."""
+    `batch` datagrams of at most `slot` bytes into preallocated arrays (`recv_many`); the
+    default is the kernel's cap (UIO_MAXIOV), as a batch's fixed numpy cost is most of a
+    small one's."""
 
     def __init__(self, bind: str = "0.0.0.0", port: int = GRADIENT_PORT, rcvbuf: int = BUFFER_BYTES,
-                 dscp: int | None = None, slot: int = 9216, batch: int = 512):
+                 dscp: int | None = None, slot: int = 9216, batch: int = 1024):
         self.sock = socket.socket(family(bind), socket.SOCK_DGRAM)
         if dscp is not None:
             set_tos(self.sock, dscp)
@@ -314,10 +316,14 @@ class Receiver:
         value = ctl[:, 16:20].copy().view(np.int32)[:, 0] if self.v6 else ctl[:, 16].astype(np.int32)
         has = (msgs["controllen"] >= 17) & (level == self._tos_level) & (kind == self._tos_type)
         names = self._names[:n]
-        addr = names[:, 8:24] if self.v6 else np.pad(names[:, 4:8], ((0, 0), (0, 12)))
+        if self.v6:
+            addr = np.ascontiguousarray(names[:, 8:24])
+        else:
+            addr = np.zeros((n, 16), dtype=np.uint8)
+            addr[:, :4] = names[:, 4:8]
         port = names[:, 2].astype(np.int64) << 8 | names[:, 3]
         return Batch(self._buf[:n], msgs["len"].astype(np.int64), (msgs["flags"] & _MSG_TRUNC) != 0,
-                     np.where(has, value & 0xFF, -1).astype(np.int64), np.ascontiguousarray(addr), port, now,
+                     np.where(has, value & 0xFF, -1).astype(np.int64), addr, port, now,
                      self.v6)
 
     def recv_batch(self, max_packets: int = 512, timeout: float | None = 0.1) -> list[Datagram]:

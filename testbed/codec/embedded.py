@@ -47,7 +47,11 @@ def guess_poly() -> torch.Tensor:
     cells = np.arange(POLY_CELLS)[:, None]
     z = POLY_LO + (cells + t[None, :]) / POLY_PER_UNIT
     target = (1 << QBITS) * torch.special.ndtr(torch.from_numpy(z / SQRT3)).numpy()
-    coef, *_ = np.linalg.lstsq(vander, target.T, rcond=None)
+    # least squares by the normal equations (4 × 4, well conditioned): einsum and a small
+    # solve keep numpy's BLAS threads asleep (lstsq woke them to spin for 0.1 s after,
+    # taking a core from whatever the agent does next)
+    gram = np.einsum("ik,il->kl", vander, vander)
+    coef = np.linalg.solve(gram, np.einsum("ik,ci->kc", vander, target))
     return torch.from_numpy(coef.T.astype(np.float32)).contiguous()
 
 

@@ -34,8 +34,12 @@ def arrived(payloads: list[bytes], peer: list[int], slot: int = 2048) -> Arrived
                    123)
 
 
+@pytest.mark.parametrize("impl", ["native", "torch"])
 @pytest.mark.parametrize("name", ["embedded", "sign_tail", "fp32"])
-def test_batches_reduce_like_depacketize(name):
+def test_batches_reduce_like_depacketize(name, impl, monkeypatch):
+    """Also: the bytes a trimmed body's row keeps past its length (0xEE here) reach the
+    decoder, which reads a body only up to its length, in either implementation."""
+    monkeypatch.setenv("TRIMLAB_CODEC_IMPL", impl)
     codec = get_codec(name)
     grads = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(r)) for r in range(2)]
     pk = [wire.packetize(g, codec, coords=256, span=SPAN, ids=wire.PacketIds(JOB, 4, r, 1), seed=SEED)
