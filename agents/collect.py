@@ -58,18 +58,6 @@ class Reduced:
     per_rank: dict[int, int]  # rank -> packets received
 
 
-_ACCEPTED = np.full(0, "accepted", dtype=object)
-
-
-def _accepted(n: int) -> np.ndarray:
-    """A read-only column of n "accepted" (a view of one shared array)."""
-    global _ACCEPTED
-    if len(_ACCEPTED) < n:
-        _ACCEPTED = np.full(max(n, 2 * len(_ACCEPTED), 1024), "accepted", dtype=object)
-        _ACCEPTED.flags.writeable = False
-    return _ACCEPTED[:n]
-
-
 def _units(flat: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`flat` as (whole units, unit) rows, and the shorter last unit (may be empty): views."""
     n = flat.numel() // unit * unit
@@ -158,7 +146,7 @@ class Collector:
             if count:
                 self.node.discarded[why] += count
         if len(take) == n:  # everything accepted: a shared column, no per-datagram strings
-            status = _accepted(n)
+            status = wire.constant_column("accepted", n)
         else:
             status = np.full(n, "accepted", dtype=object)
             status[~known] = "rank_mismatch"

@@ -288,6 +288,8 @@ def screen(f: dict[str, np.ndarray], got: np.ndarray, codec, lay, ids: PacketIds
          | (got > f["length"])),
     ]
     ok = np.ones(len(got), dtype=bool) if among is None else among.copy()
+    if not (np.logical_or.reduce([bad for _, bad in checks]) & ok).any():  # the usual case
+        return ok, slot, constant_column("", len(got))
     why = np.full(len(got), "", dtype=object)
     for reason, bad in checks:
         bad = bad & ok
@@ -295,6 +297,19 @@ def screen(f: dict[str, np.ndarray], got: np.ndarray, codec, lay, ids: PacketIds
         why[bad] = reason
         ok &= ~bad
     return ok, slot, why
+
+
+_COLUMNS: dict[str, np.ndarray] = {}
+
+
+def constant_column(value: str, n: int) -> np.ndarray:
+    """n times `value` as an object array, read-only: a view of one shared array (building
+    a column of strings per batch is a batch's largest fixed cost)."""
+    col = _COLUMNS.get(value)
+    if col is None or len(col) < n:
+        col = _COLUMNS[value] = np.full(max(n, 1024, 2 * len(col) if col is not None else 0), value, dtype=object)
+        col.flags.writeable = False
+    return col[:n]
 
 
 def layout_slots(lay, span: np.ndarray, packet: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -367,7 +367,7 @@ class Codec:
             every = len(rows) == len(packets)
             span = packets.span - g.first if every else packets.span[rows] - g.first
             pkt = packets.index if every else packets.index[rows]
-            exp = self._decode_exponents(packets, g)
+            exp = self._decode_exponents(packets, g, every)
             if use_native:
                 xs = self._decode_group_native(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
             else:
@@ -415,7 +415,9 @@ class Codec:
         slots = torch.full((g.count * per_span,), -1, dtype=torch.int64)
         slots[span * per_span + pkt] = rows
         row_scale = packets.scale.to(torch.float32).contiguous()
-        if self.prescaled:  # (others' exponents are 0)
+        if self.prescaled and len(rows) == len(row_scale):  # (others' exponents are 0)
+            row_scale = torch.ldexp(row_scale, -exp[span])
+        elif self.prescaled:
             row_scale = row_scale.clone()
             row_scale[rows] = torch.ldexp(row_scale[rows], -exp[span])
         out = torch.empty(g.count * g.filled, dtype=torch.float32)
@@ -423,15 +425,18 @@ class Codec:
                             row_scale, exp.to(torch.int32).contiguous(), out)
         return out
 
-    def _decode_exponents(self, packets: Packets, g: SpanGroup) -> torch.Tensor:
+    def _decode_exponents(self, packets: Packets, g: SpanGroup, every: bool = False) -> torch.Tensor:
         """Per span of `g`: the power of two its packets' scales are divided by while
-        decoding (from the largest scale that arrived), so unrotating cannot overflow."""
-        zeros = torch.zeros(g.count, dtype=torch.int32, device=packets.body.device)
+        decoding (from the largest scale that arrived), so unrotating cannot overflow.
+        `every`: all the packets are the group's (no selection)."""
         if not self.prescaled:
-            return zeros
-        sel = ((packets.span >= g.first) & (packets.span < g.first + g.count)).nonzero().squeeze(1)
+            return torch.zeros(g.count, dtype=torch.int32, device=packets.body.device)
+        span, scale = packets.span, packets.scale
+        if not every:
+            sel = ((span >= g.first) & (span < g.first + g.count)).nonzero().squeeze(1)
+            span, scale = span[sel], scale[sel]
         peak = torch.zeros(g.count, dtype=torch.float32, device=packets.body.device)
-        peak = peak.scatter_reduce(0, packets.span[sel] - g.first, packets.scale[sel].abs(), "amax")
+        peak = peak.scatter_reduce(0, span - g.first, scale.abs(), "amax")
         return span_exponents(peak)
 
 
