@@ -113,7 +113,9 @@ class Node:
         peer = np.where(match.any(1), match.argmax(1), -1) if len(self.peer_addrs) else np.full(n, -1)
         for p in np.flatnonzero(np.bincount(peer[peer >= 0], minlength=len(self.peer_addrs))):
             self.last_heard[self.peer_addrs[p]] = now
-        head = wire.split_fields(np.ascontiguousarray(b.data[:, :wire.HEADER_LEN]).view(wire.HEADER_DTYPE)[:, 0])
+        # a copy, always (ascontiguousarray would give a view of the receive buffer for a
+        # batch of one): the collectors' packet logs keep these fields past the next batch
+        head = wire.split_fields(b.data[:, :wire.HEADER_LEN].copy().view(wire.HEADER_DTYPE)[:, 0])
         ok = np.ones(n, dtype=bool)
         for reason, bad in (("unknown_source", peer < 0),
                             ("not_trimlab", (b.length < wire.HEADER_LEN) | b.truncated | (head["magic"] != wire.MAGIC)

@@ -165,3 +165,36 @@ def test_frames_leave_from_the_array_in_gso_runs(addr, monkeypatch):
     tx.close()
 
 
+
+
+def test_a_node_logs_each_batch_from_a_copy_not_from_the_receive_buffer():
+    """Two batches of one datagram each through a Node on loopback: the first one's logged
+    header fields survive the second recvmmsg into the same buffer row."""
+    from trimlab.agents.node import Node
+    from trimlab.config import AgentConfig, CodecConfig, HostConfig, TransportConfig, WorkloadConfig
+
+    probe = Receiver("127.0.0.1", 0)
+    port = probe.port  # a free port pair is likely here; the node binds port and port + 1
+    probe.close()
+    codec = get_codec("embedded")
+    cfg = AgentConfig(name="t", job=5, seed=1, steps=1, mtu=1500, topology="ps", workload=WorkloadConfig(),
+                      codec=CodecConfig(name="embedded", span=1024, coords=256),
+                      transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=10, port=port),
+                      ps=HostConfig(name="ps1", addr="127.0.0.1"), workers=[HostConfig(name="w1", addr="127.0.0.1")])
+    node = Node(cfg, "127.0.0.1", {"127.0.0.1": "w1"}, receive_gradients=True)
+    try:
+        payloads = wire.packetize(torch.randn(2048), codec, 1500, 256, 1024, wire.PacketIds(5, 0, 0, 0), 1)
+        coll = node.expect(0, 0, {0: "127.0.0.1"}, 2048, 10.0)
+        tx = Sender("127.0.0.1", port, 10)
+        for p in payloads[:2]:
+            tx.send(p)
+            before = int(coll.received.sum())
+            while int(coll.received.sum()) == before:  # this datagram is in (a batch of its own)
+                node.pump(1.0)
+        tx.close()
+        rows = coll.rows
+        assert rows["packet"].tolist() == [wire.parse_header(p).packet for p in payloads[:2]] == [0, 1]
+        assert rows["status"].tolist() == ["accepted", "accepted"]
+    finally:
+        node.data.close()
+        node.ctrl.close()
