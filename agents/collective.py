@@ -103,10 +103,14 @@ class ShardedAllReduce:
                                                           self.wire_bucket(index, owner)),
                                            self.cfg.seed, self.cfg.transport.ipv6)
             t = self._phase("encode_ms", t)
-            tx.send_frames(frames)
+            tx.send_frames_later(frames)  # sent while the next owner's shard is encoded
             self._phase("send_ms", t)
             self.stats["packets"] += len(frames)
             self.stats["bytes"] += frames.nbytes
+        t = time.monotonic()
+        for tx in self.senders.values():
+            tx.wait_sent()
+        self._phase("send_ms", t)
         if coll is None:
             return flat[lo:hi], {}
         t = time.monotonic()
@@ -172,3 +176,5 @@ class ShardedAllReduce:
         except ProtocolError:
             pass  # a peer that already left acknowledged what it needed
         self.node.drain(1.0)
+        for tx in self.senders.values():
+            tx.close()

@@ -14,12 +14,14 @@ import ctypes
 import errno
 import json
 import os
+import queue
 import select
 import fcntl
 import socket
 import struct
 import termios
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -85,6 +87,7 @@ class Sender:
         self._next = time.perf_counter()
         self.sent = 0
         self.bytes = 0
+        self._later: _SendThread | None = None
 
     def send(self, payload: bytes) -> None:
         if self.rate_bps:
@@ -152,8 +155,63 @@ class Sender:
             self.bytes += int(length[int(sent["first"][0]):int(sent["first"][-1] + sent["rows"][-1])].sum())
             done += n
 
+    def send_frames_later(self, frames) -> None:
+        """`send_frames` on this sender's own thread, in order, so that the caller can
+        encode the next bucket meanwhile: the kernel's work of sending (segmenting, the
+        host's path) is charged to that thread, on another core. `frames` must stay as it
+        is until `wait_sent` returns; at most two wait their turn (then this blocks)."""
+        if self._later is None:
+            self._later = _SendThread(self)
+        self._later.put(frames)
+
+    def wait_sent(self) -> None:
+        """Until everything given to `send_frames_later` is sent; raises what sending raised."""
+        if self._later is not None:
+            self._later.wait()
+
     def close(self) -> None:
+        if self._later is not None:
+            self._later.stop()
+            self._later = None
         self.sock.close()
+
+
+class _SendThread:
+    """A sender's own thread for `send_frames_later`: a short queue, and the first error."""
+
+    def __init__(self, tx: Sender):
+        self.tx, self.error = tx, None
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.thread = threading.Thread(target=self._run, name=f"send to {tx.dst[0]}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (frames := self.queue.get()) is not None:
+            try:
+                if self.error is None:
+                    self.tx.send_frames(frames)
+            except BaseException as e:  # noqa: BLE001 (handed to the caller by wait or put)
+                self.error = e
+            finally:
+                self.queue.task_done()
+        self.queue.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+    def put(self, frames) -> None:
+        self._raise()
+        self.queue.put(frames)
+
+    def wait(self) -> None:
+        self.queue.join()
+        self._raise()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
 
 
 @dataclass

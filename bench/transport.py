@@ -6,6 +6,9 @@ ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the sa
   through `agents.transport.Sender` (`send_frames`: UDP GSO runs straight from the
   frames array); the rate is what ps1's NIC received during the sender's own timed loop
   (it says ready once python, torch and the codec are warm: start-up is not timed).
+  `send`: each step encoded while the one before is sent (`send_frames_later`, the
+  sender's own thread), as a worker does with successive buckets; `send_serial`: encode,
+  then send, one step at a time.
 - receive and decode: a burst of BURST_STEPS steps of real trimlab packets (pre-encoded,
   replayed by a sender with no encoding in the loop, as fast as it can: blast's rate) into
   ps1, whose socket buffer is made deep enough to hold the whole burst, so the ps works
@@ -53,11 +56,13 @@ def _cfg(sender: str, receiver: str) -> AgentConfig:
                        workers=[HostConfig(name="w1", addr=sender)])
 
 
-def send(cfg: AgentConfig, seconds: float, encode: bool, go=None, steps: int | None = None) -> dict:
+def send(cfg: AgentConfig, seconds: float, encode: bool, go=None, steps: int | None = None,
+         overlap: bool = False) -> dict:
     """Steps of NUMEL coordinates to the ps until `seconds` pass (or `steps` are sent); with
     `encode`, each step is encoded anew (a worker's work), else one step's payloads are
-    replayed. With `go` (a file), say ready and wait for a line on it first, so that
-    start-up is not timed."""
+    replayed; with `overlap`, a step is encoded while the one before is sent (the sender's
+    own thread), as a worker does with successive buckets. With `go` (a file), say ready
+    and wait for a line on it first, so that start-up is not timed."""
     codec = get_codec(cfg.codec.name)
     grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
     tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
@@ -73,9 +78,13 @@ def send(cfg: AgentConfig, seconds: float, encode: bool, go=None, steps: int | N
                                            cfg.seed)
         elif step:  # the same bodies under this step's header (bytes 6..9), without encoding
             frames.data[:, 6:10] = np.frombuffer(step.to_bytes(4, "big"), dtype=np.uint8)
-        tx.send_frames(frames)
+        if overlap:
+            tx.send_frames_later(frames)  # (a new array each step: the one in flight stays as it is)
+        else:
+            tx.send_frames(frames)
         sent += len(frames)
         step += 1
+    tx.wait_sent()
     return {"sent": sent, "steps": step, "seconds": time.monotonic() - t0}
 
 
@@ -139,16 +148,17 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
                      "codec": "embedded", "payload_bytes": size}
         for trimmed in (False, True):
             sw.apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": "1" if trimmed else "0", "action": "trim"}}})
-            rows, lost = {"blast_pps": [], "send_pps": [], "receive_decode_pps": []}, 0
+            rows, lost = {"blast_pps": [], "send_pps": [], "send_serial_pps": [], "receive_decode_pps": []}, 0
             for _ in range(rounds):
                 rows["blast_pps"].append(blast_pps())
-                tx = agent(w1.ns, "send", "--seconds", str(seconds), "--encode", "--wait")
-                assert json.loads(tx.stdout.readline()).get("ready")  # python and torch are up
-                before = _rx_packets(ps.ns)
-                tx.stdin.write("go\n")
-                tx.stdin.flush()
-                r = result(tx)
-                rows["send_pps"].append((_rx_packets(ps.ns) - before) / r["seconds"])
+                for key, extra in (("send_pps", ["--overlap"]), ("send_serial_pps", [])):
+                    tx = agent(w1.ns, "send", "--seconds", str(seconds), "--encode", "--wait", *extra)
+                    assert json.loads(tx.stdout.readline()).get("ready")  # python and torch are up
+                    before = _rx_packets(ps.ns)
+                    tx.stdin.write("go\n")
+                    tx.stdin.flush()
+                    r = result(tx)
+                    rows[key].append((_rx_packets(ps.ns) - before) / r["seconds"])
                 rx = agent(ps.ns, "receive", "--steps", str(BURST_STEPS))
                 assert json.loads(rx.stdout.readline()).get("ready")  # bound: it may be sent to
                 result(agent(w1.ns, "send", "--steps", str(BURST_STEPS)))
@@ -157,8 +167,9 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
                 lost += r["lost"]
             key = "all_trimmed" if trimmed else "untrimmed"
             out[key] = {k: round(statistics.median(v)) for k, v in rows.items()}
-            out[key]["send_over_blast"] = round(statistics.median(
-                s / b for s, b in zip(rows["send_pps"], rows["blast_pps"])), 3)
+            for k in ("send", "send_serial"):
+                out[key][f"{k}_over_blast"] = round(statistics.median(
+                    s / b for s, b in zip(rows[f"{k}_pps"], rows["blast_pps"])), 3)
             out[key]["receive_decode_over_blast"] = round(statistics.median(
                 r / b for r, b in zip(rows["receive_decode_pps"], rows["blast_pps"])), 3)
             out[key]["receive_lost"] = lost  # packets a burst lost (0: the buffer held them all)
@@ -181,10 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="send: this many steps (instead of --seconds); receive: this many")
     ap.add_argument("--encode", action="store_true", help="encode every step (else replay one)")
     ap.add_argument("--wait", action="store_true", help="send: say ready, start on a line on stdin")
+    ap.add_argument("--overlap", action="store_true", help="send: encode a step while the one before is sent")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = AgentConfig.model_validate_json(a.config)
-    print(json.dumps(send(cfg, a.seconds, a.encode, sys.stdin if a.wait else None, a.steps) if a.role == "send"
+    print(json.dumps(send(cfg, a.seconds, a.encode, sys.stdin if a.wait else None, a.steps, a.overlap)
+                     if a.role == "send"
                      else receive(cfg, a.steps or BURST_STEPS)))
     return 0
 

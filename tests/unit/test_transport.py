@@ -165,6 +165,32 @@ def test_frames_leave_from_the_array_in_gso_runs(addr, monkeypatch):
     tx.close()
 
 
+def test_frames_sent_later_leave_in_order_from_the_senders_thread_and_errors_come_back():
+    """Three buckets handed to `send_frames_later` arrive in order, every datagram; after
+    `wait_sent` the counters hold them all. A send that fails raises in `wait_sent`."""
+    buckets = [wire.packetize_frames(torch.randn(20_000, generator=torch.Generator().manual_seed(k)),
+                                     get_codec("embedded"), coords=352, ids=wire.PacketIds(2, k, 1, 0))
+               for k in range(3)]
+    rx = Receiver("127.0.0.1", 0)
+    tx = Sender("127.0.0.1", rx.port, dscp=10)
+    for f in buckets:
+        tx.send_frames_later(f)
+    tx.wait_sent()
+    want = [p for f in buckets for p in f.payloads()]
+    assert tx.sent == len(want) and tx.bytes == sum(f.nbytes for f in buckets)
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(want) and time.monotonic() < deadline:
+        got += rx.recv_batch(timeout=0.5)
+    assert [d.payload for d in got] == want
+    tx.sock.close()  # the thread's next sendmmsg fails (EBADF)
+    tx.send_frames_later(buckets[0])
+    with pytest.raises(OSError):
+        tx.wait_sent()
+    tx.wait_sent()  # raised once; the thread goes on
+    tx.close()
+    assert tx._later is None
+    rx.close()
 
 
 def test_a_node_logs_each_batch_from_a_copy_not_from_the_receive_buffer():
