@@ -133,7 +133,7 @@ class Collector:
             # decoder reads a body only up to its length
             src = a.data[:, wire.HEADER_LEN:wire.HEADER_LEN + self.width]
             k = len(take)
-            if take[-1] - take[0] == k - 1 and r[0] == r[-1] and s[-1] - s[0] == k - 1 and (np.diff(s) == 1).all():
+            if take[-1] - take[0] == k - 1 and (r == r[0]).all() and (np.diff(s) == 1).all():
                 self.body[r[0], s[0]:s[0] + k] = src[take[0]:take[0] + k]  # a run: one strided copy
             else:
                 self.body[r, s] = src[take]

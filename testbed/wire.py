@@ -303,8 +303,8 @@ _COLUMNS: dict[str, np.ndarray] = {}
 
 
 def constant_column(value: str, n: int) -> np.ndarray:
-    """n times `value` as an object array, read-only: a view of one shared array (building
-    a column of strings per batch is a batch's largest fixed cost)."""
+    """n times `value` as an object array, read-only: a view of one shared array, so that
+    a batch with nothing to report builds no column of strings."""
     col = _COLUMNS.get(value)
     if col is None or len(col) < n:
         col = _COLUMNS[value] = np.full(max(n, 1024, 2 * len(col) if col is not None else 0), value, dtype=object)

@@ -80,6 +80,22 @@ def test_batches_reduce_like_depacketize(name, impl, monkeypatch):
     assert rows["trimmed"][accepted].sum() == red.trimmed
 
 
+def test_each_body_lands_in_its_ranks_slot_in_runs_and_out_of_them():
+    """Batches whose slots run on while the rank changes (rank 0 slot 0, rank 1 slot 1, rank
+    0 slot 2), in order across one rank, and reversed: every body lands in its own row."""
+    codec = get_codec("fp32")
+    pk = [wire.packetize(torch.randn(NUMEL, generator=torch.Generator().manual_seed(r)), codec, coords=256, span=SPAN,
+                         ids=wire.PacketIds(JOB, 4, r, 1), seed=SEED) for r in range(2)]
+    coll = Collector(node(codec), 4, 1, {0: ADDRS[0], 1: ADDRS[1]}, NUMEL, deadline_s=1.0)
+    batches = [[(0, 0), (1, 1), (0, 2)], [(0, 3), (0, 4), (0, 5)], [(1, 5), (1, 4), (1, 3)]]
+    for batch in batches:
+        coll.add(arrived([pk[r][i] for r, i in batch], [r for r, _ in batch]))
+    for r, i in (x for b in batches for x in b):
+        body = np.frombuffer(pk[r][i][wire.HEADER_LEN:], dtype=np.uint8)
+        assert (coll.body[r, i, :len(body)] == body).all() and coll.got[r, i] == len(body)
+    assert coll.received.tolist() == [5, 4]
+
+
 def test_malformed_packets_are_logged_with_their_reason():
     codec = get_codec("embedded")
     good = wire.packetize(torch.ones(NUMEL), codec, coords=256, span=SPAN, ids=wire.PacketIds(JOB, 4, 0, 1), seed=SEED)
