@@ -159,7 +159,8 @@ class Sender:
         """`send_frames` on this sender's own thread, in order, so that the caller can
         encode the next bucket meanwhile: the kernel's work of sending (segmenting, the
         host's path) is charged to that thread, on another core. `frames` must stay as it
-        is until `wait_sent` returns; at most two wait their turn (then this blocks)."""
+        is, and nothing else be sent through this sender, until `wait_sent` returns; at
+        most two wait their turn (then this blocks)."""
         if self._later is None:
             self._later = _SendThread(self)
         self._later.put(frames)
