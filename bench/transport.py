@@ -63,6 +63,8 @@ def send(cfg: AgentConfig, seconds: float, encode: bool, go=None, steps: int | N
     replayed; with `overlap`, a step is encoded while the one before is sent (the sender's
     own thread), as a worker does with successive buckets. With `go` (a file), say ready
     and wait for a line on it first, so that start-up is not timed."""
+    if overlap and not encode:
+        raise ValueError("overlap needs encode: a replay rewrites its one array while it is in flight")
     codec = get_codec(cfg.codec.name)
     grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
     tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
