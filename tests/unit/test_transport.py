@@ -199,15 +199,20 @@ def test_a_node_logs_each_batch_from_a_copy_not_from_the_receive_buffer():
     from trimlab.agents.node import Node
     from trimlab.config import AgentConfig, CodecConfig, HostConfig, TransportConfig, WorkloadConfig
 
-    probe = Receiver("127.0.0.1", 0)
-    port = probe.port  # a free port pair is likely here; the node binds port and port + 1
-    probe.close()
     codec = get_codec("embedded")
-    cfg = AgentConfig(name="t", job=5, seed=1, steps=1, mtu=1500, topology="ps", workload=WorkloadConfig(),
-                      codec=CodecConfig(name="embedded", span=1024, coords=256),
-                      transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=10, port=port),
-                      ps=HostConfig(name="ps1", addr="127.0.0.1"), workers=[HostConfig(name="w1", addr="127.0.0.1")])
-    node = Node(cfg, "127.0.0.1", {"127.0.0.1": "w1"}, receive_gradients=True)
+    for _ in range(20):  # the node binds port and port + 1: find a free pair
+        probe = Receiver("127.0.0.1", 0)
+        port = probe.port
+        probe.close()
+        cfg = AgentConfig(name="t", job=5, seed=1, steps=1, mtu=1500, topology="ps", workload=WorkloadConfig(),
+                          codec=CodecConfig(name="embedded", span=1024, coords=256),
+                          transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=10, port=port),
+                          ps=HostConfig(name="ps1", addr="127.0.0.1"), workers=[HostConfig(name="w1", addr="127.0.0.1")])
+        try:
+            node = Node(cfg, "127.0.0.1", {"127.0.0.1": "w1"}, receive_gradients=True)
+            break
+        except OSError:
+            continue
     try:
         payloads = wire.packetize(torch.randn(2048), codec, 1500, 256, 1024, wire.PacketIds(5, 0, 0, 0), 1)
         coll = node.expect(0, 0, {0: "127.0.0.1"}, 2048, 10.0)
@@ -215,7 +220,9 @@ def test_a_node_logs_each_batch_from_a_copy_not_from_the_receive_buffer():
         for p in payloads[:2]:
             tx.send(p)
             before = int(coll.received.sum())
+            deadline = time.monotonic() + 60
             while int(coll.received.sum()) == before:  # this datagram is in (a batch of its own)
+                assert time.monotonic() < deadline, "a datagram on loopback did not arrive in 60 s"
                 node.pump(1.0)
         tx.close()
         rows = coll.rows
