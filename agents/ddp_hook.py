@@ -154,7 +154,10 @@ class TrimlabState:
     def submit(self, grad: torch.Tensor, index: int, last: bool) -> torch.futures.Future:
         """Queue bucket `index` for the communication thread; the future completes with the
         bucket's mean over all ranks (in `grad`'s device and dtype)."""
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        # a CUDA bucket's future records an event when the result is set and makes its
+        # waiter's stream wait on it: the result's copy back runs on this thread's stream
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+            devices=[grad.device] if grad.is_cuda else None)
         if grad.is_cuda:  # one copy into page-locked host memory, where the sockets read
             flat = torch.empty(grad.numel(), dtype=torch.float32, pin_memory=True)
             flat.copy_(grad.detach().reshape(-1))  # on the caller's stream, after the gradients

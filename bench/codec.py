@@ -15,6 +15,7 @@ import torch
 from trimlab import wire
 from trimlab.codec import CODECS, CodecContext, get_codec, native
 from trimlab.codec.embedded import distortion
+from trimlab.errors import TrimlabError
 
 SPAN = 4096
 PLANE_COORDS = 1024  # B for the "k bits per coordinate" rows
@@ -69,9 +70,14 @@ def nmse_table(numel: int, seed: int) -> list[dict]:
     return rows
 
 
-def _timed(fn) -> float:
+def _timed(fn, sync=None) -> float:
+    """Milliseconds of fn(); on a GPU between two synchronizations."""
+    if sync:
+        sync()
     t0 = time.perf_counter()
     fn()
+    if sync:
+        sync()
     return 1e3 * (time.perf_counter() - t0)
 
 
@@ -92,18 +98,21 @@ def _medians(codec, x, ctx, reps: int) -> dict:
     """Median encode, decode and clone times; the three are interleaved rep by rep so a
     noisy neighbour slows all of them alike."""
     numel = x.numel()
+    sync = torch.cuda.synchronize if x.is_cuda else None
     pk = codec.encode(x, ctx)
-    codec.decode(pk, ctx, numel)  # warm caches (tables, the kernels' build)
+    codec.decode(pk, ctx, numel)  # warm caches (tables, the kernels' build, the allocator)
     times = {"clone": [], "encode": [], "decode": []}
     for _ in range(reps):
-        times["clone"].append(_timed(x.clone))
-        times["encode"].append(_timed(lambda: codec.encode(x, ctx)))
-        times["decode"].append(_timed(lambda: codec.decode(pk, ctx, numel)))
+        times["clone"].append(_timed(x.clone, sync))
+        times["encode"].append(_timed(lambda: codec.encode(x, ctx), sync))
+        times["decode"].append(_timed(lambda: codec.decode(pk, ctx, numel), sync))
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"encode_ms": round(med["encode"], 2), "decode_ms": round(med["decode"], 2),
-            "clone_ms": round(med["clone"], 3),
+    return {"encode_ms": round(med["encode"], 3), "decode_ms": round(med["decode"], 3),
+            "clone_ms": round(med["clone"], 4),
             "roundtrip_over_clone": round((med["encode"] + med["decode"]) / med["clone"], 2),
-            "mb_per_s": round(4 * numel / 1e3 / (med["encode"] + med["decode"]), 1)}
+            "mb_per_s": round(4 * numel / 1e3 / (med["encode"] + med["decode"]), 1),
+            "encode_gb_per_s": round(4 * numel / 1e6 / med["encode"], 2),
+            "decode_gb_per_s": round(4 * numel / 1e6 / med["decode"], 2)}
 
 
 def _same_wire(codec, x, ctx) -> bool:
@@ -144,7 +153,41 @@ def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
     return out
 
 
-def run(quick: bool = False, seed: int = 0, threads: int = 1) -> dict:
+def cuda(sizes: tuple[int, ...], reps: int, seed: int) -> dict:
+    """The torch implementation on the GPU: its wire bytes against the CPU's (the native
+    kernels where they code), its decoding of a trim against the CPU's, and its speed."""
+    if not torch.cuda.is_available():
+        raise TrimlabError("--device cuda: torch sees no CUDA device here; run it on a machine with a GPU")
+    out: dict = {"gpu": torch.cuda.get_device_name(), "sizes": {}}
+    for numel in sizes:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+        xc = x.cuda()
+        rows = {}
+        for name in CODECS:
+            codec = get_codec(name)
+            ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN,
+                               coords=min(wire.max_coords(codec, 1500), SPAN))
+            here, there = codec.encode(x, ctx), codec.encode(xc, ctx)
+            same = all(torch.equal(getattr(here, f), getattr(there, f).cpu()) for f in ("scale", "body", "length"))
+            cut = codec.body_bytes(ctx.coords) // 3
+            a = codec.decode(here.truncated(cut), ctx, numel).tensor
+            b = codec.decode(there.truncated(cut), ctx, numel).tensor.cpu()
+            rows[name] = {"implementation_cpu": codec.implementation("cpu"),
+                          "implementation_cuda": codec.implementation(xc.device),
+                          "cuda_bytes_equal_cpu": same, "trimmed_decode_equal_cpu": torch.equal(a, b),
+                          "trimmed_decode_max_abs_diff": float((a - b).abs().max()),
+                          **_medians(codec, xc, ctx, reps)}
+        out["sizes"][str(numel)] = rows
+    out["cuda_bytes_equal_cpu"] = all(r["cuda_bytes_equal_cpu"] for s in out["sizes"].values() for r in s.values())
+    return out
+
+
+def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu") -> dict:
+    if device not in ("cpu", "cuda"):
+        raise TrimlabError(f"--device {device}: use cpu or cuda")
+    if device == "cuda":  # the GPU's figures only; the NMSE table is the CPU's business
+        return {"bench": "codec", "device": "cuda", "quick": quick, "span": SPAN, "torch": torch.__version__,
+                "cuda": cuda((1 << 22,) if quick else (1 << 22, 1 << 26), 10 if quick else 20, seed)}
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -12,6 +12,7 @@ import argparse
 import gc
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -34,9 +35,13 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=0, help="test accuracy every N steps (0: at the end only)")
     ap.add_argument("--width", type=int, default=64, help="units per hidden layer")
     ap.add_argument("--depth", type=int, default=1, help="hidden layers (2 × 1000 ≈ 1.1 M parameters)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: model and batches on the GPU (LOCAL_RANK's), DDP's buckets there too")
     ap.add_argument("--save", help="save the final parameters here ({rank} is replaced)")
     args = ap.parse_args()
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device here")
     digits = args.data == "digits" and args.model == "mlp"
     if digits:  # heavy (scipy): only for this workload, and before gloo starts its threads
         from sklearn.datasets import load_digits
@@ -57,6 +62,12 @@ def main() -> None:
         from trimlab.config import WorkloadConfig
         wl = workloads.build(WorkloadConfig(kind=args.data, model=args.model), args.seed)
         model, xtr, ytr, xte, yte = wl.model, wl.x_train, wl.y_train, wl.x_test, wl.y_test
+    device = torch.device("cpu")
+    if args.device == "cuda":  # ranks past the GPUs' count share them round-robin
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model = model.to(device)
+    xtr, ytr, xte, yte = xtr.to(device), ytr.to(device), xte.to(device), yte.to(device)
     ddp = DDP(model)
     if args.comm == "trimlab":
         from trimlab.agents.ddp_hook import (  # the baseline runs without trimlab
@@ -77,7 +88,7 @@ def main() -> None:
     start = time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
-        idx = torch.randint(len(xtr), (args.batch,), generator=g)
+        idx = torch.randint(len(xtr), (args.batch,), generator=g).to(device)
         loss = nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
         opt.zero_grad()
         loss.backward()
@@ -88,7 +99,7 @@ def main() -> None:
             line["test_acc"] = round(accuracy(), 5)  # not timed: `t` was taken before
         say(line)
     acc = accuracy()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     say({"event": "done", "rank": rank, "test_acc": round(acc, 5),
          "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]})
     if args.save:

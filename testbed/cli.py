@@ -97,13 +97,14 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
 @bench_app.command("codec")
 def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
                 quick: bool = typer.Option(False, help="smaller NMSE tensors and fewer repeats (< 30 s)"),
-                threads: int = typer.Option(1, min=1, help="threads of the native kernels")):
+                threads: int = typer.Option(1, min=1, help="threads of the native kernels"),
+                device: str = typer.Option("cpu", help="cuda: the GPU's wire bytes against the CPU's, and its GB/s")):
     """NMSE per codec and kept size vs theory; encode+decode time over clone() time, the
     native kernels next to the torch reference."""
     from trimlab.bench.codec import run  # heavy (torch, pandas): only for this command
 
-    result = run(quick=quick, threads=threads)
-    if as_json:
+    result = run(quick=quick, threads=threads, device=device)
+    if as_json or device == "cuda":  # the GPU's figures are JSON only
         print(json.dumps(result, indent=1))
         return
     table = Table("codec", "kept", "gaussian", "theory", "student_t3", "lognormal_s2")

@@ -454,6 +454,13 @@ def lane_sum(v: torch.Tensor) -> torch.Tensor:
     return acc[:, 0]
 
 
+def div_rn(a: torch.Tensor, n: int) -> torch.Tensor:
+    """a / n correctly rounded, as kernels.c divides, on any device: torch's CUDA kernel
+    turns a division by a Python number into a product with its reciprocal, one ulp off
+    at times (a CUDA encode's scales then differed from the CPU's), so n goes as a tensor."""
+    return a / torch.full_like(a, n)
+
+
 def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
     """√q correctly rounded in float32, as IEEE sqrtf (kernels.c) gives it, on any device:
     torch's CPU sqrt can be one ulp off. From torch's estimate, step to the neighbour when

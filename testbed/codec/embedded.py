@@ -17,7 +17,7 @@ import torch
 import numpy as np
 
 from trimlab.codec import bits, native
-from trimlab.codec.base import Codec, lane_sum, sqrt_rn
+from trimlab.codec.base import Codec, div_rn, lane_sum, sqrt_rn
 from trimlab.errors import CodecError
 
 SQRT3 = math.sqrt(3.0)
@@ -133,7 +133,7 @@ class Embedded(Codec):
 
     def encode_block(self, y):
         c = y.shape[1]
-        sigma = sqrt_rn(lane_sum(y * y) / c)
+        sigma = sqrt_rn(div_rn(lane_sum(y * y), c))
         z = torch.where(sigma[:, None] > 0, y / sigma[:, None], torch.zeros_like(y))
         z = torch.where(torch.isnan(z), torch.zeros_like(z), z)
         q = quantize16(z) >> (QBITS - self.planes)

@@ -13,7 +13,7 @@ import math
 import torch
 
 from trimlab.codec import bits, native
-from trimlab.codec.base import Codec, lane_sum
+from trimlab.codec.base import Codec, div_rn, lane_sum
 
 
 class SignTail(Codec):
@@ -46,7 +46,7 @@ class SignTail(Codec):
         if self.unbiased:
             scale = torch.where(l1 > 0, lane_sum(y64 * y64) / l1, torch.zeros_like(l1))
         else:
-            scale = l1 / c
+            scale = div_rn(l1, c)
         return torch.cat([head, tail], dim=1), scale.to(torch.float32)
 
     def decode_block(self, body, length, scale):

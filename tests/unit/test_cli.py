@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -34,3 +35,14 @@ def test_run_refuses_bad_specs_before_touching_anything(tmp_path, spec, msg):
     assert out.returncode == 2, out.stderr
     assert msg in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("device,msg", [
+    ("tpu", "--device tpu: use cpu or cuda"),
+    ("cuda", "--device cuda: torch sees no CUDA device here; run it on a machine with a GPU"),
+])
+def test_bench_codec_refuses_a_device_it_cannot_use(device, msg):
+    # CUDA hidden, so the refusal is the same on a machine with a GPU
+    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "codec", "--device", device],
+                         capture_output=True, text=True, timeout=120, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {msg}", out.stderr

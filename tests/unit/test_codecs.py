@@ -161,14 +161,24 @@ def test_embedded_below_one_plane_refines_a_prefix():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_same_bytes_on_every_device(device):
-    x = torch.randn(10000, generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("coords", [1024, "mtu"])
+def test_same_bytes_on_every_device(device, coords):
+    """Scales, bodies and a trim's decoding agree bit for bit with the CPU's, also with a
+    packet's coordinates not a power of two (as at MTU 1500: a scale divides by them)."""
+    from trimlab import wire
+    x = torch.randn(50000, generator=torch.Generator().manual_seed(2))
     for name in CODECS:
         codec = get_codec(name)
-        here = codec.encode(x, CTX)
-        there = codec.encode(x.to(device), CTX)
-        assert torch.equal(here.body, there.body.cpu())
-        assert nmse(codec.decode(there, CTX, x.numel()).tensor.cpu(), x) < 1e-5
+        ctx = CTX if coords == 1024 else CodecContext(seed=3, step=11, bucket=2, span=4096,
+                                                      coords=wire.max_coords(codec, 1500))
+        here = codec.encode(x, ctx)
+        there = codec.encode(x.to(device), ctx)
+        for field in ("scale", "body", "length"):
+            assert torch.equal(getattr(here, field), getattr(there, field).cpu()), (name, field)
+        cut = codec.body_bytes(ctx.coords) // 3
+        assert torch.equal(codec.decode(here.truncated(cut), ctx, x.numel()).tensor,
+                           codec.decode(there.truncated(cut), ctx, x.numel()).tensor.cpu()), name
+        assert nmse(codec.decode(there, ctx, x.numel()).tensor.cpu(), x) < 1e-5
 
 
 def _digest() -> str:

@@ -20,6 +20,7 @@ from trimlab.config import PHASES, AgentConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = resources.example_ddp_script()
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA where a GPU exists
 
 
 def free_port() -> int:
@@ -37,7 +38,7 @@ def config(world: int, base: int) -> dict:
             "truth_every": 5, "workers": [{"name": f"w{i + 1}", "addr": f"127.0.{base}.{i + 1}"} for i in range(world)]}
 
 
-def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40) -> list[dict]:
+def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40, device: str = "cpu") -> list[dict]:
     cfg_path = tmp / "agent.json"
     cfg_path.write_text(json.dumps(config(world, base)))
     port = free_port()
@@ -47,7 +48,7 @@ def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40
                             "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
                             "TRIMLAB_CONFIG": str(cfg_path), "TRIMLAB_OUT": str(tmp / f"w{r + 1}")}
         procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "--steps", str(steps), "--comm", comm,
-                                       "--save", str(tmp / f"{comm}-{{rank}}.pt")], cwd=ROOT, env=env,
+                                       "--device", device, "--save", str(tmp / f"{comm}-{{rank}}.pt")], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for p in procs:
@@ -61,11 +62,12 @@ def flat(path: Path) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in torch.load(path).values()])
 
 
-def test_hook_trains_identically_on_every_rank_and_matches_allreduce(tmp_path):
-    hook = launch(tmp_path, "trimlab")
+@pytest.mark.parametrize("device", DEVICES)
+def test_hook_trains_identically_on_every_rank_and_matches_allreduce(tmp_path, device):
+    hook = launch(tmp_path, "trimlab", device=device)
     assert len({d["checksum"] for d in hook}) == 1  # identical parameters everywhere
     (tmp_path / "gloo").mkdir()
-    base = launch(tmp_path / "gloo", "allreduce")
+    base = launch(tmp_path / "gloo", "allreduce", device=device)
     a, b = flat(tmp_path / "trimlab-0.pt"), flat(tmp_path / "gloo" / "allreduce-0.pt")
     assert float((a - b).norm() / b.norm()) < 1e-4
     assert abs(hook[0]["test_acc"] - base[0]["test_acc"]) <= 0.02
@@ -110,8 +112,6 @@ def test_the_docstring_command_runs_under_plain_torchrun(tmp_path):
     assert out.stderr.count("trimlab: TRIMLAB_CONFIG is not set: 2 ranks exchange gradients over lo "
                             "(127.0.0.2, 127.0.0.3)") == 1
 
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA where a GPU exists
 
 
 @pytest.mark.parametrize("device", DEVICES)
