@@ -9,7 +9,6 @@ packet order, which is what the codec decodes. No per-packet Python on this path
 
 from __future__ import annotations
 
-import collections
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from trimlab import wire
+from trimlab.agents import rx
 from trimlab.codec import CodecContext, Packets
 from trimlab.config import PACKET_LOG_FIELDS
 
@@ -34,13 +34,15 @@ class Arrived:
     length: np.ndarray  # (n,) int64: bytes received
     dscp: np.ndarray  # (n,) int64, -1 if unknown
     peer: np.ndarray  # (n,) int64: index into the node's peer addresses
-    head: dict[str, np.ndarray]  # wire.split_fields of the headers
+    head: dict[str, np.ndarray]  # the header's fields (rx.FIELDS and scale), one column each
     time_ns: int
+    cols: np.ndarray | None = None  # rx.route's columns of the fields, when native
 
     def take(self, rows: np.ndarray) -> "Arrived":
         """The datagrams at `rows`, copied (a receive buffer is reused by the next batch)."""
         return Arrived(self.data[rows], self.length[rows], self.dscp[rows], self.peer[rows],
-                       {k: v[rows] for k, v in self.head.items()}, self.time_ns)
+                       {k: v[rows] for k, v in self.head.items()}, self.time_ns,
+                       None if self.cols is None else self.cols[rows])
 
     @property
     def nbytes(self) -> int:
@@ -103,61 +105,25 @@ class Collector:
         self.opened = time.monotonic()
         self.first: float | None = None
 
-    def add(self, a: Arrived) -> None:
-        """Take a batch of this bucket's datagrams: check them against the layout and the
-        expected senders, drop duplicates, copy each body into its slot."""
-        f, n = a.head, len(a.length)
-        row = np.searchsorted(self.order, f["rank"].astype(np.int64))
-        row = np.minimum(row, len(self.order) - 1)
-        known = (np.asarray(self.order)[row] == f["rank"]) & (self.rank_peer[row] == a.peer)
-        discarded: collections.Counter = collections.Counter(rank_mismatch=int((~known).sum()))
-        ids = wire.PacketIds(self.node.job, self.step, 0, self.bucket)
-        ok, slot, reason = wire.screen(f, a.length, self.node.codec, self.layout, ids, discarded,
-                                       ranks=np.asarray(self.order), among=known)
-        ok &= known
-        # duplicates: a slot already filled, or filled earlier in this batch
-        key = row * max(self.expected, 1) + slot
-        dup = ok & (self.got[row, np.maximum(slot, 0)] >= 0)
-        if ok.any():
-            okey = key[ok]
-            if (np.diff(okey) <= 0).any():  # (ascending keys, the usual case, cannot repeat)
-                first = np.zeros(n, dtype=bool)
-                first[np.flatnonzero(ok)[np.unique(okey, return_index=True)[1]]] = True
-                dup |= ok & ~first
-        discarded["duplicate"] += int(dup.sum())
-        accept = ok & ~dup
-        take = np.flatnonzero(accept)
-        if len(take):
-            r, s = row[take], slot[take]
-            # bytes past a body's length (another datagram's leftovers) are copied too: every
-            # decoder reads a body only up to its length
-            src = a.data[:, wire.HEADER_LEN:wire.HEADER_LEN + self.width]
-            k = len(take)
-            if take[-1] - take[0] == k - 1 and (r == r[0]).all() and (np.diff(s) == 1).all():
-                self.body[r[0], s[0]:s[0] + k] = src[take[0]:take[0] + k]  # a run: one strided copy
-            else:
-                self.body[r, s] = src[take]
-            self.got[r, s] = a.length[take] - wire.HEADER_LEN
-            self.scale[r, s] = f["scale"][take]
-            self.sent[r, s] = f["length"][take]
-            self.received += np.bincount(r, minlength=len(self.received))
-            self.first = self.first or time.monotonic()
-        for why, count in discarded.items():
-            if count:
-                self.node.discarded[why] += count
-        if len(take) == n:  # everything accepted: a shared column, no per-datagram strings
-            status = wire.constant_column("accepted", n)
-        else:
-            status = np.full(n, "accepted", dtype=object)
-            status[~known] = "rank_mismatch"
-            status[known & ~ok] = reason[known & ~ok]
-            status[dup] = "duplicate"
+    def add(self, a: Arrived, rows: np.ndarray | None = None) -> None:
+        """Take a batch of this bucket's datagrams (those at `rows`, or all): check them
+        against the layout and the expected senders, drop duplicates, copy each body into
+        its slot (rx.place), and log them."""
+        counts = np.zeros(len(rx.REASONS), dtype=np.int64)
+        status, key = rx.place(self, a, rows, counts)
+        rx.count(self.node.discarded, counts)
+        if self.first is None and self.received.any():
+            self.first = time.monotonic()
+        f, n = a.head, len(status)
+        pick = (lambda v: v) if rows is None else (lambda v: v[rows])  # noqa: E731
+        length, sent = pick(a.length), pick(f["length"])
         # the log: every datagram of the expected senders (another host's are not theirs)
-        cols = {"t_ns": np.full(n, a.time_ns, dtype=np.int64), "src": a.peer, "dscp": a.dscp,
-                "step": f["step"], "rank": f["rank"], "bucket": f["bucket"], "span": f["span"],
-                "packet": f["packet"], "coords": f["coords"], "sent_len": f["length"], "recv_len": a.length,
-                "trimmed": (a.length < f["length"]).astype(np.int64),
-                "_slot": np.where(accept, key, -1), "status": status}
+        cols = {"t_ns": np.full(n, a.time_ns, dtype=np.int64), "src": pick(a.peer), "dscp": pick(a.dscp),
+                "step": pick(f["step"]), "rank": pick(f["rank"]), "bucket": pick(f["bucket"]),
+                "span": pick(f["span"]), "packet": pick(f["packet"]), "coords": pick(f["coords"]),
+                "sent_len": sent, "recv_len": length, "trimmed": (length < sent).astype(np.int64),
+                "_slot": key, "status": rx.status_column(status)}
+        known = status != rx.CODE["rank_mismatch"]
         self._log.append(cols if known.all() else {k: v[known] for k, v in cols.items()})
 
     @property

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from trimlab import wire
+from trimlab.agents import rx
 from trimlab.agents.collect import Arrived, Collector
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.reliable import (
@@ -106,43 +106,40 @@ class Node:
             self.last_heard[d.src[0]] = now
 
     def _on_gradients(self, b: Batch, now: float) -> None:
-        """Check a batch of gradient datagrams as arrays (source, header, job) and hand each
+        """Check a batch of gradient datagrams (rx.route: source, header, job) and hand each
         (step, bucket)'s share to its collector, or keep it for one about to open."""
-        n = len(b)
-        match = (b.addr[:, None, :] == self._peer_table[None]).all(2)
-        peer = np.where(match.any(1), match.argmax(1), -1) if len(self.peer_addrs) else np.full(n, -1)
-        for p in np.flatnonzero(np.bincount(peer[peer >= 0], minlength=len(self.peer_addrs))):
-            self.last_heard[self.peer_addrs[p]] = now
-        # a copy, always (ascontiguousarray would give a view of the receive buffer for a
-        # batch of one): the collectors' packet logs keep these fields past the next batch
-        head = wire.split_fields(b.data[:, :wire.HEADER_LEN].copy().view(wire.HEADER_DTYPE)[:, 0])
-        ok = np.ones(n, dtype=bool)
-        for reason, bad in (("unknown_source", peer < 0),
-                            ("not_trimlab", (b.length < wire.HEADER_LEN) | b.truncated | (head["magic"] != wire.MAGIC)
-                             | (head["version"] != wire.VERSION)),
-                            ("other_job", head["job"] != self.job)):
-            bad = bad & ok
-            self.discarded[reason] += int(bad.sum())
-            ok &= ~bad
-        if not ok.any():
+        counts = np.zeros(len(rx.REASONS), dtype=np.int64)
+        routed = rx.route(b, self._peer_table, self.job, counts)
+        rx.count(self.discarded, counts)
+        heard = routed.peer[routed.peer >= 0]
+        if len(heard):
+            for p in (heard[:1] if heard[0] == heard[-1] and (heard == heard[0]).all() else np.unique(heard)):
+                self.last_heard[self.peer_addrs[p]] = now
+        if not routed.passed:
             return
-        arrived = Arrived(b.data, b.length, b.dscp, peer, head, b.time_ns)
+        head = routed.head
+        arrived = Arrived(b.data, b.length, b.dscp, routed.peer, head, b.time_ns, routed.cols)
         stream = head["step"].astype(np.int64) << 16 | head["bucket"]
-        rows = np.flatnonzero(ok)
-        for key in np.unique(stream[rows]).tolist():
-            mine = rows[stream[rows] == key]
+        n = len(b)
+        if routed.passed == n and stream[0] == stream[-1] and (stream == stream[0]).all():
+            shares = [(int(stream[0]), None)]  # the usual batch: one bucket's datagrams only
+        else:
+            rows = np.flatnonzero(routed.status == 0)
+            shares = [(key, rows[stream[rows] == key]) for key in np.unique(stream[rows]).tolist()]
+        for key, mine in shares:
             step_bucket = (key >> 16, key & 0xFFFF)
+            count = n if mine is None else len(mine)
             coll = self.collectors.get(step_bucket)
             if coll is not None:  # (the collector copies what it keeps: no copy of a whole batch)
-                coll.add(arrived if len(mine) == n else arrived.take(mine))
+                coll.add(arrived, mine)
             elif step_bucket in self.done_steps:
-                self.discarded["late"] += len(mine)
-            elif self.early_bytes + int(b.length[mine].sum()) <= self.early_max_bytes:
-                kept = arrived.take(mine)
+                self.discarded["late"] += count
+            elif self.early_bytes + int((b.length if mine is None else b.length[mine]).sum()) <= self.early_max_bytes:
+                kept = arrived.take(np.arange(n) if mine is None else mine)
                 self.early.setdefault(step_bucket, []).append(kept)
                 self.early_bytes += kept.nbytes
             else:
-                self.discarded["unexpected"] += len(mine)
+                self.discarded["unexpected"] += count
 
     def _on_control(self, d: Datagram) -> tuple | None:
         src = d.src[0]

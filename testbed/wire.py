@@ -283,7 +283,7 @@ def screen(f: dict[str, np.ndarray], got: np.ndarray, codec, lay, ids: PacketIds
         ("other_codec", (f["codec"] != codec.codec_id) | (f["flags"] != codec.flags)
          | (f["planes"] != (codec.planes & 0xFF))),
         ("other_stream", (f["step"] != ids.step) | (f["bucket"] != ids.bucket) | ~np.isin(f["rank"], ranks)),
-        ("bad_layout", (expect_coords != f["coords"])),
+        ("bad_layout", (slot < 0) | (expect_coords != f["coords"])),  # (no slot: even if it claims 0 coords)
         ("bad_length", (f["length"] != HEADER_LEN + _body_bytes(codec, f["coords"]))
          | (got > f["length"])),
     ]

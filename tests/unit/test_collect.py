@@ -18,6 +18,13 @@ JOB, SEED, SPAN, NUMEL = 3, 9, 1024, 5000
 ADDRS = ["198.19.0.11", "198.19.0.12", "198.19.0.99"]
 
 
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def rx_impl(request, monkeypatch):
+    """Every test with both receive paths (agents.rx)."""
+    monkeypatch.setenv("TRIMLAB_RX_IMPL", request.param)
+    return request.param
+
+
 def node(codec):
     return SimpleNamespace(codec=codec, span=SPAN, coords=256, seed=SEED, job=JOB, peer_addrs=ADDRS,
                            peer_index=ADDRS.index, discarded=collections.Counter())

@@ -86,7 +86,7 @@ def test_the_wheel_carries_every_data_file_under_one_namespace(wheel):
               "trimlab/playbooks/site.yml", "trimlab/playbooks/roles/trim_switch/tasks/sonic.yml",
               "trimlab/playbooks/inventories/lab.example.yml", "trimlab/experiments/default.yaml",
               "trimlab/examples/ddp_train.py", "trimlab/vrack/vswitch/trim.c", "trimlab/analysis/walk.c",
-              "trimlab/bench/blast.c", "trimlab/agents/ddp_hook.py", "trimlab/codec/embedded.py"]:
+              "trimlab/bench/blast.c", "trimlab/agents/rx.c", "trimlab/agents/ddp_hook.py", "trimlab/codec/embedded.py"]:
         assert f in names, f
 
 
