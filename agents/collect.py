@@ -148,20 +148,18 @@ class Collector:
         self.planes = np.full(self.got.shape, -1, dtype=np.int64)
         trimmed = 0
         for r in range(len(self.order)):
-            idx = np.flatnonzero(self.got[r] >= 0)
-            if not len(idx):
+            came = self.got[r] >= 0
+            if not came.any():
                 continue
-            every = len(idx) == self.expected  # no copy: the slots are the layout's order
-            pick = (lambda a: a) if every else (lambda a: a[idx])  # noqa: E731
+            # the slots are the layout's order: decoded as they are, no copy, no search
             t = torch.from_numpy
-            packets = Packets(span=pick(self.slot_span), index=pick(self.slot_index),
-                              coords=pick(self.slot_coords), scale=t(pick(self.scale[r])),
-                              body=t(pick(self.body[r])), length=t(pick(self.got[r])))
-            dec = codec.decode(packets, self.ctx, self.numel)
+            packets = Packets(span=self.slot_span, index=self.slot_index, coords=self.slot_coords,
+                              scale=t(self.scale[r]), body=t(self.body[r]), length=t(self.got[r]))
+            dec = codec.decode_in_order(packets, self.ctx, self.numel)
             x = dec.tensor
             # nothing missing: every packet arrived with some bits of each of its coordinates
             # (a per-packet check instead of a pass over the whole mask)
-            if every and bool((dec.stats["present"] == packets.coords).all()):
+            if bool((dec.stats["present"] == packets.coords).all()):
                 whole += 1
             else:
                 miss = dec.missing[::unit]  # one flag per unit
@@ -169,8 +167,8 @@ class Collector:
                     _zero_units(x, unit, miss)
                 count = (~miss).float() if count is None else count.add_(~miss)
             total = x if total is None else total.add_(x)
-            trimmed += int((self.got[r, idx] + wire.HEADER_LEN < self.sent[r, idx]).sum())
-            self.planes[r, idx] = dec.stats["planes"].numpy()
+            trimmed += int((came & (self.got[r] + wire.HEADER_LEN < self.sent[r])).sum())
+            self.planes[r] = np.where(came, dec.stats["planes"].numpy(), -1)
         if total is None:
             total, least = torch.zeros(self.numel), 0
         elif count is None:

@@ -11,10 +11,12 @@ matrix, becomes payload bodies and back (`encode_block` / `decode_block`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+import numpy as np
 import torch
 
 from trimlab.codec import native, rht
@@ -211,7 +213,7 @@ class Codec:
 
     # -- whole buckets --------------------------------------------------------------------
     def layout(self, numel: int, ctx: CodecContext) -> Layout:
-        return Layout(numel, ctx.span, ctx.coords, pow2_tail=self.rotated)
+        return _layout(numel, ctx.span, ctx.coords, self.rotated)
 
     def _signs(self, ctx: CodecContext, g: SpanGroup, device) -> torch.Tensor:
         return rht.span_sign_masks(ctx.seed, ctx.step, ctx.bucket,
@@ -374,22 +376,65 @@ class Codec:
                 xs = self._decode_group_torch(packets, ctx, lay, g, rows, span, pkt, nbytes, exp)
             got = torch.zeros(g.count, per_span, dtype=torch.int64, device=device)  # coords with info
             got[span, pkt] = present if every else present[rows]
-            short = got < sizes
-            if not short.any():  # nothing missing (the usual case): one False seen everywhere
-                miss = torch.zeros((), dtype=torch.bool, device=device).expand(g.count * g.filled)
-            elif self.rotated:  # each span's flag repeated (8× faster than flattening an expand)
-                miss = short.any(dim=1).repeat_interleave(g.filled)
-            else:  # coordinate i of packet p is missing past what arrived of p
-                col = torch.arange(lay.coords, device=device)
-                miss = (col[None, None, :] >= got[:, :, None]).reshape(g.count, -1)[:, :g.filled]
             values.append(xs)
-            missing.append(miss.reshape(-1))
-        stats = {
-            "bytes": nbytes,
-            "present": present,
-            "planes": torch.clamp((8 * nbytes) // coords, max=self.planes),
-        }
-        return Decoded(_cat(values), _cat(missing), stats)
+            missing.append(self._missing(lay, g, got, sizes))
+        return Decoded(_cat(values), _cat(missing), self._stats(nbytes, coords, present))
+
+    def _missing(self, lay: Layout, g: SpanGroup, got: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """Group `g`'s missing mask, flat, from the coordinates known of each (span, packet)."""
+        short = got < sizes
+        if not short.any():  # nothing missing (the usual case): one False seen everywhere
+            return torch.zeros((), dtype=torch.bool, device=got.device).expand(g.count * g.filled)
+        if self.rotated:  # each span's flag repeated (8× faster than flattening an expand)
+            return short.any(dim=1).repeat_interleave(g.filled)
+        # coordinate i of packet p is missing past what arrived of p
+        col = torch.arange(lay.coords, device=got.device)
+        return (col[None, None, :] >= got[:, :, None]).reshape(g.count, -1)[:, :g.filled].reshape(-1)
+
+    def _stats(self, nbytes: torch.Tensor, coords: torch.Tensor, present: torch.Tensor) -> dict:
+        return {"bytes": nbytes, "present": present, "planes": torch.clamp((8 * nbytes) // coords, max=self.planes)}
+
+    def decode_in_order(self, packets: Packets, ctx: CodecContext, numel: int) -> Decoded:
+        """decode() of a bucket's packets given in the layout's order (Layout.skeleton's:
+        row i is its i-th packet, span, index and coords as the skeleton has them), with
+        length < 0 where a packet never came, as a collector holds them. The same tensor
+        and mask as decode() of the rows that came, and its stats per row (0 for a row that
+        never came). With the native kernels the bookkeeping is a few numpy operations on
+        the layout's cached row map (decode() spends some 40 small torch operations finding
+        each packet's place: half a millisecond a bucket, as long as the kernel itself)."""
+        length = packets.length
+        if self.implementation(packets.body.device) != "native":  # the reference
+            came = (length >= 0).nonzero().squeeze(1)
+            dec = self.decode(packets.select(came), ctx, numel)
+            stats = {k: torch.zeros(len(packets), dtype=v.dtype).index_copy_(0, came, v)
+                     for k, v in dec.stats.items()}
+            return Decoded(dec.tensor, dec.missing, stats)
+        lay = self.layout(numel, ctx)
+        order = _row_order(lay)
+        nbytes = length.clamp(min=0)
+        coords = packets.coords.clamp(min=1)
+        present = self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
+        came = length.numpy() >= 0
+        scale = packets.scale.to(torch.float32).numpy()
+        body = packets.body.contiguous()
+        width = nbytes.clamp(max=body.shape[1]).contiguous()
+        values, missing = [], []
+        for g, rows, rows_t, sizes in order:
+            here = came[rows]  # (spans, packets in span)
+            exp = np.zeros(g.count, dtype=np.int32)
+            row_scale = scale
+            if self.prescaled:  # (the rule of _decode_exponents, from the packets that came)
+                peak = np.where(here, np.abs(scale[rows]), np.float32(0)).max(axis=1)
+                exp = span_exponents(torch.from_numpy(peak)).numpy()
+                row_scale = scale.copy()
+                row_scale[rows] = scale[rows] * np.ldexp(np.float32(1), -exp)[:, None]
+            slots = torch.from_numpy(np.where(here, rows, -1).reshape(-1))
+            out = torch.empty(g.count * g.filled, dtype=torch.float32)
+            native.decode_group(self, ctx, g, body, slots, width, torch.from_numpy(row_scale),
+                                torch.from_numpy(exp), out)
+            values.append(out)
+            missing.append(self._missing(lay, g, present[rows_t], sizes))
+        return Decoded(_cat(values), _cat(missing), self._stats(nbytes, coords, present))
 
     def _decode_group_torch(self, packets, ctx, lay, g, rows, span, pkt, nbytes, exp) -> torch.Tensor:
         """The reference: the group's filled coordinates, flat."""
@@ -480,6 +525,30 @@ def span_exponents(peak: torch.Tensor) -> torch.Tensor:
     _, e = torch.frexp(peak)
     ok = torch.isfinite(peak) & (peak > 0)
     return torch.where(ok, e.clamp(-126, 126), torch.zeros_like(e)).to(torch.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(numel: int, span: int, coords: int, rotated: bool) -> Layout:
+    """Layouts are pure functions of their arguments and never changed: one per shape."""
+    return Layout(numel, span, coords, pow2_tail=rotated)
+
+
+@functools.lru_cache(maxsize=64)
+def _row_order(lay: Layout) -> list[tuple[SpanGroup, np.ndarray, torch.Tensor, torch.Tensor]]:
+    """Per group: the skeleton row of each (span, packet in span), (count, packets per
+    span), as an array and as a tensor, and each packet index's coordinates."""
+    out, first = [], 0
+    per_group: dict[SpanGroup, list] = {}
+    for b in lay.blocks:
+        n = b.group.count * b.per_span
+        rows = np.arange(first, first + n, dtype=np.int64).reshape(b.group.count, b.per_span)
+        per_group.setdefault(b.group, []).append((rows, b))
+        first += n
+    for g, parts in per_group.items():
+        rows = np.concatenate([r for r, _ in parts], axis=1)
+        sizes = torch.tensor([b.coords for _, b in parts for _ in range(b.per_span)], dtype=torch.int64)
+        out.append((g, rows, torch.from_numpy(rows), sizes))  # (the caller only reads them)
+    return out
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -4,6 +4,7 @@ units (AVX-512 with GFNI here), for AVX-512 without GFNI, for AVX2 only, and wit
 (the plain C path that hosts without AVX2 run)."""
 
 import ctypes
+import dataclasses
 import platform
 
 import numpy as np
@@ -167,3 +168,33 @@ def test_the_kernels_ship_and_report_their_build():
     assert get_codec("embedded").implementation("cpu") == "native"
     assert get_codec("bf16").implementation("cpu") == "native"
     assert get_codec("embedded").implementation("meta") == "torch"  # other devices: the reference
+
+
+@pytest.mark.parametrize("impl", ["native", "torch"])
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_decode_in_order_is_decode_of_what_came(monkeypatch, impl, name, params):
+    """Packets in the layout's order with some never come (length -1), some trimmed,
+    and a non-finite scale in one span: the same tensor, mask and per-row stats as
+    decode() of the rows that came, for every input shape (tail spans, tail packets)."""
+    monkeypatch.setenv("TRIMLAB_CODEC_IMPL", impl)
+    codec = get_codec(name, **params)
+    rng = np.random.default_rng(3)
+    for label, (x, ctx) in _inputs().items():
+        pk = codec.encode(x, ctx)
+        n = len(pk)
+        length = pk.length.clone()
+        cut = torch.from_numpy(rng.random(n) < 0.3)
+        length[cut] = torch.from_numpy(rng.integers(0, pk.body.shape[1] + 1, n))[cut]
+        for gone in (torch.zeros(n, dtype=torch.bool), torch.from_numpy(rng.random(n) < 0.25)):
+            got = length.masked_fill(gone, -1)
+            scale = pk.scale.clone()
+            if label == "heavy" and codec.prescaled:
+                scale[n // 2] = float("nan")
+            ordered = dataclasses.replace(pk, length=got, scale=scale)
+            dec = codec.decode_in_order(ordered, ctx, x.numel())
+            came = (got >= 0).nonzero().squeeze(1)
+            ref = codec.decode(ordered.select(came), ctx, x.numel())
+            assert torch.equal(dec.tensor.nan_to_num(7.0), ref.tensor.nan_to_num(7.0)), label
+            assert torch.equal(dec.missing, ref.missing), label
+            for k, v in ref.stats.items():
+                assert torch.equal(dec.stats[k][came], v) and not dec.stats[k][got < 0].any(), (label, k)
