@@ -178,3 +178,4 @@ class ShardedAllReduce:
         self.node.drain(1.0)
         for tx in self.senders.values():
             tx.close()
+        self.node.close()

@@ -60,6 +60,12 @@ class Node:
         self.newest_params: dict[str, tuple[int, int]] = {}  # peer address -> newest (step, shard) it broadcast
         self.bye = False
 
+    def close(self) -> None:
+        """Close both sockets."""
+        if self.data is not None:
+            self.data.close()
+        self.ctrl.close()
+
     def state(self) -> str:
         """What is in flight, for error messages: assemblies, unacknowledged chunks, discards."""
         asm = ", ".join(f"{self.peers.get(k[0], k[0])} step {k[1]} shard {k[2]}: {len(a.parts)}/{a.nchunks}"

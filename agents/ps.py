@@ -88,6 +88,7 @@ def run(cfg: AgentConfig, out: Path) -> dict:
     finally:
         plog.close()
         slog.close()
+        node.close()
 
 
 def main(argv: list[str] | None = None) -> int:

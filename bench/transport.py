@@ -106,6 +106,7 @@ def receive(cfg: AgentConfig, steps: int) -> dict:
         trimmed += red.trimmed
         lost += red.missing
     seconds = time.monotonic() - t_first if t_first is not None else 0.0
+    node.close()
     return {"decoded": decoded, "trimmed": trimmed, "lost": lost, "seconds": seconds, "steps": steps}
 
 
