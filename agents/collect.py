@@ -9,6 +9,7 @@ packet order, which is what the codec decodes. No per-packet Python on this path
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -80,6 +81,14 @@ def _divide_units(flat: torch.Tensor, unit: int, count: torch.Tensor) -> None:
         tail.div_(count[-1])
 
 
+@functools.lru_cache(maxsize=64)
+def _skeleton(codec, layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Span, packet index and coordinates of each slot, and the widest body: the same for
+    every step of a bucket (the tensors are only read)."""
+    span, index, coords, body = layout.skeleton(codec.body_bytes)
+    return span, index, coords, int(body.max()) if len(body) else 0
+
+
 class Collector:
     """Gradient packets of one (step, bucket) from the expected ranks."""
 
@@ -88,10 +97,8 @@ class Collector:
         self.node, self.step, self.bucket, self.ranks, self.numel = node, step, bucket, ranks, numel
         self.ctx = CodecContext(seed=node.seed, step=step, bucket=bucket, span=node.span, coords=node.coords)
         self.layout = node.codec.layout(numel, self.ctx)
-        span, index, coords, body = self.layout.skeleton(node.codec.body_bytes)
-        self.slot_span, self.slot_index, self.slot_coords = span, index, coords
-        self.expected = len(span)  # packets per rank
-        self.width = int(body.max()) if len(body) else 0
+        self.slot_span, self.slot_index, self.slot_coords, self.width = _skeleton(node.codec, self.layout)
+        self.expected = len(self.slot_span)  # packets per rank
         self.order = sorted(ranks)  # rank -> row of the arrays below
         self.rank_peer = np.array([node.peer_index(ranks[r]) for r in self.order], dtype=np.int64)
         nr = len(self.order)
@@ -100,7 +107,7 @@ class Collector:
         self.scale = np.zeros((nr, self.expected), dtype=np.float32)
         self.sent = np.zeros((nr, self.expected), dtype=np.int64)  # UDP payload bytes as sent
         self.received = np.zeros(nr, dtype=np.int64)
-        self._log: list[dict[str, np.ndarray]] = []  # packet-log columns, batch by batch
+        self._log: list[tuple] = []  # (batch, its rows, their statuses and slot keys), batch by batch
         self.deadline_s = deadline_s
         self.opened = time.monotonic()
         self.first: float | None = None
@@ -114,17 +121,8 @@ class Collector:
         rx.count(self.node.discarded, counts)
         if self.first is None and self.received.any():
             self.first = time.monotonic()
-        f, n = a.head, len(status)
-        pick = (lambda v: v) if rows is None else (lambda v: v[rows])  # noqa: E731
-        length, sent = pick(a.length), pick(f["length"])
-        # the log: every datagram of the expected senders (another host's are not theirs)
-        cols = {"t_ns": np.full(n, a.time_ns, dtype=np.int64), "src": pick(a.peer), "dscp": pick(a.dscp),
-                "step": pick(f["step"]), "rank": pick(f["rank"]), "bucket": pick(f["bucket"]),
-                "span": pick(f["span"]), "packet": pick(f["packet"]), "coords": pick(f["coords"]),
-                "sent_len": sent, "recv_len": length, "trimmed": (length < sent).astype(np.int64),
-                "_slot": key, "status": rx.status_column(status)}
-        known = status != rx.CODE["rank_mismatch"]
-        self._log.append(cols if known.all() else {k: v[known] for k, v in cols.items()})
+        # the log is built when asked for (rows): here only what it needs is kept
+        self._log.append((a, rows, status, key))
 
     @property
     def complete(self) -> bool:
@@ -185,13 +183,29 @@ class Collector:
         expected = self.expected * len(self.order)
         return Reduced(total, least, received, trimmed, expected, expected - received, per_rank)
 
+    @staticmethod
+    def _log_columns(a: Arrived, rows: np.ndarray | None, status: np.ndarray, key: np.ndarray) -> dict:
+        """One batch's log: every datagram of the expected senders (another host's are not
+        theirs). Only `a`'s own arrays are read (never its data: a receive buffer)."""
+        f, n = a.head, len(status)
+        pick = (lambda v: v) if rows is None else (lambda v: v[rows])  # noqa: E731
+        length, sent = pick(a.length), pick(f["length"])
+        cols = {"t_ns": np.full(n, a.time_ns, dtype=np.int64), "src": pick(a.peer), "dscp": pick(a.dscp),
+                "step": pick(f["step"]), "rank": pick(f["rank"]), "bucket": pick(f["bucket"]),
+                "span": pick(f["span"]), "packet": pick(f["packet"]), "coords": pick(f["coords"]),
+                "sent_len": sent, "recv_len": length, "trimmed": (length < sent).astype(np.int64),
+                "_slot": key, "status": rx.status_column(status)}
+        known = status != rx.CODE["rank_mismatch"]
+        return cols if known.all() else {k: v[known] for k, v in cols.items()}
+
     @property
     def rows(self) -> dict[str, np.ndarray]:
         """The packet log of this bucket (config.PACKET_LOG_FIELDS, as columns): every
         datagram it was given, with the planes decoded once it was reduced."""
         if not self._log:
             return {k: np.zeros(0, dtype=np.int64) for k in PACKET_LOG_FIELDS}
-        cols = {k: np.concatenate([b[k] for b in self._log]) for k in self._log[0]}
+        parts = [self._log_columns(*entry) for entry in self._log]
+        cols = {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
         slot = cols.pop("_slot")
         planes = getattr(self, "planes", None)
         cols["planes"] = np.where(slot >= 0, planes.reshape(-1)[np.maximum(slot, 0)], -1) \

@@ -43,6 +43,7 @@ class Node:
         self.peer_addrs = list(peers)  # a datagram's peer index -> its address
         self._peer_table = np.stack([packed_addr(a) for a in self.peer_addrs]) if peers \
             else np.zeros((0, 16), dtype=np.uint8)
+        self._peer_index: dict[str, int] = {}  # peer_index's answers
         slot = -(-max(cfg.mtu, 576) // 64) * 64  # any datagram that fits the MTU
         self.data = Receiver(bind, self.port, slot=slot) if receive_gradients else None
         self.ctrl = Receiver(bind, self.ctrl_port, dscp=t.control_dscp, slot=slot)
@@ -80,9 +81,12 @@ class Node:
         return f"{self.peers.get(addr, 'unknown host')} ({addr})"
 
     def peer_index(self, addr: str) -> int:
-        """The index of a peer's address in `peer_addrs`, -1 for none."""
-        hit = np.flatnonzero((self._peer_table == packed_addr(addr)).all(1))
-        return int(hit[0]) if len(hit) else -1
+        """The index of a peer's address in `peer_addrs`, -1 for none (any spelling of it)."""
+        index = self._peer_index.get(addr)
+        if index is None:
+            hit = np.flatnonzero((self._peer_table == packed_addr(addr)).all(1))
+            index = self._peer_index[addr] = int(hit[0]) if len(hit) else -1
+        return index
 
     # receiving
     def pump(self, timeout: float = 0.01) -> None:

@@ -383,8 +383,8 @@ class Codec:
     def _missing(self, lay: Layout, g: SpanGroup, got: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """Group `g`'s missing mask, flat, from the coordinates known of each (span, packet)."""
         short = got < sizes
-        if not short.any():  # nothing missing (the usual case): one False seen everywhere
-            return torch.zeros((), dtype=torch.bool, device=got.device).expand(g.count * g.filled)
+        if not short.any():
+            return _nothing_missing(g, got.device)
         if self.rotated:  # each span's flag repeated (8× faster than flattening an expand)
             return short.any(dim=1).repeat_interleave(g.filled)
         # coordinate i of packet p is missing past what arrived of p
@@ -410,30 +410,33 @@ class Codec:
                      for k, v in dec.stats.items()}
             return Decoded(dec.tensor, dec.missing, stats)
         lay = self.layout(numel, ctx)
-        order = _row_order(lay)
-        nbytes = length.clamp(min=0)
-        coords = packets.coords.clamp(min=1)
-        present = self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
-        came = length.numpy() >= 0
+        ln = length.numpy()
+        coords = packets.coords  # the skeleton's (≥ 32 each)
+        # every packet came whole (the usual case): nothing is missing, nothing to mask
+        whole = bool((ln == _full_bodies(lay, self.body_bytes(32))).all())
+        came = None if whole else ln >= 0
+        nbytes = length if whole else length.clamp(min=0)
+        present = coords if whole else self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
         scale = packets.scale.to(torch.float32).numpy()
         body = packets.body.contiguous()
         width = nbytes.clamp(max=body.shape[1]).contiguous()
         values, missing = [], []
-        for g, rows, rows_t, sizes in order:
-            here = came[rows]  # (spans, packets in span)
+        for g, rows, rows_t, sizes in _row_order(lay):
+            here = None if whole else came[rows]  # (spans, packets in span)
             exp = np.zeros(g.count, dtype=np.int32)
             row_scale = scale
             if self.prescaled:  # (the rule of _decode_exponents, from the packets that came)
-                peak = np.where(here, np.abs(scale[rows]), np.float32(0)).max(axis=1)
-                exp = span_exponents(torch.from_numpy(peak)).numpy()
+                peak = np.abs(scale[rows])
+                peak = (peak if whole else np.where(here, peak, np.float32(0))).max(axis=1)
+                exp = span_exponents(peak)
                 row_scale = scale.copy()
                 row_scale[rows] = scale[rows] * np.ldexp(np.float32(1), -exp)[:, None]
-            slots = torch.from_numpy(np.where(here, rows, -1).reshape(-1))
+            slots = rows_t.reshape(-1) if whole else torch.from_numpy(np.where(here, rows, -1).reshape(-1))
             out = torch.empty(g.count * g.filled, dtype=torch.float32)
             native.decode_group(self, ctx, g, body, slots, width, torch.from_numpy(row_scale),
                                 torch.from_numpy(exp), out)
             values.append(out)
-            missing.append(self._missing(lay, g, present[rows_t], sizes))
+            missing.append(_nothing_missing(g, body.device) if whole else self._missing(lay, g, present[rows_t], sizes))
         return Decoded(_cat(values), _cat(missing), self._stats(nbytes, coords, present))
 
     def _decode_group_torch(self, packets, ctx, lay, g, rows, span, pkt, nbytes, exp) -> torch.Tensor:
@@ -519,9 +522,14 @@ def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
     return torch.where(q64 < down * down, lo, torch.where(q64 > up * up, hi, r))
 
 
-def span_exponents(peak: torch.Tensor) -> torch.Tensor:
+def span_exponents(peak: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     """e with peak = m·2^e, m in [0.5, 1), clamped so that 2^±e is a normal float32; 0 for
-    a zero or non-finite peak (NaN and Inf then stay non-finite through the codec)."""
+    a zero or non-finite peak (NaN and Inf then stay non-finite through the codec). A
+    numpy array in, a numpy array out (the collector's bookkeeping)."""
+    if isinstance(peak, np.ndarray):
+        _, e = np.frexp(peak)
+        ok = np.isfinite(peak) & (peak > 0)
+        return np.where(ok, np.clip(e, -126, 126), 0).astype(np.int32)
     _, e = torch.frexp(peak)
     ok = torch.isfinite(peak) & (peak > 0)
     return torch.where(ok, e.clamp(-126, 126), torch.zeros_like(e)).to(torch.int32)
@@ -549,6 +557,23 @@ def _row_order(lay: Layout) -> list[tuple[SpanGroup, np.ndarray, torch.Tensor, t
         sizes = torch.tensor([b.coords for _, b in parts for _ in range(b.per_span)], dtype=torch.int64)
         out.append((g, rows, torch.from_numpy(rows), sizes))  # (the caller only reads them)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _full_bodies(lay: Layout, per32: int) -> np.ndarray:
+    """Each skeleton row's body bytes, untrimmed (per32 bytes a 32 coordinates)."""
+    coords = np.concatenate([np.full(b.group.count * b.per_span, b.coords, dtype=np.int64) for b in lay.blocks])
+    return per32 * coords // 32
+
+
+def _nothing_missing(g: SpanGroup, device) -> torch.Tensor:
+    """A group's mask when nothing is missing (the usual case): one False seen everywhere."""
+    return _falses(g.count * g.filled, str(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _falses(n: int, device: str) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.bool, device=device).expand(n)  # (read-only: expanded)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

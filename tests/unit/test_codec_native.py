@@ -185,8 +185,8 @@ def test_decode_in_order_is_decode_of_what_came(monkeypatch, impl, name, params)
         length = pk.length.clone()
         cut = torch.from_numpy(rng.random(n) < 0.3)
         length[cut] = torch.from_numpy(rng.integers(0, pk.body.shape[1] + 1, n))[cut]
-        for gone in (torch.zeros(n, dtype=torch.bool), torch.from_numpy(rng.random(n) < 0.25)):
-            got = length.masked_fill(gone, -1)
+        for gone in (None, torch.zeros(n, dtype=torch.bool), torch.from_numpy(rng.random(n) < 0.25)):
+            got = pk.length.clone() if gone is None else length.masked_fill(gone, -1)  # (None: all came whole)
             scale = pk.scale.clone()
             if label == "heavy" and codec.prescaled:
                 scale[n // 2] = float("nan")
