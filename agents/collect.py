@@ -9,7 +9,6 @@ packet order, which is what the codec decodes. No per-packet Python on this path
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,14 +80,6 @@ def _divide_units(flat: torch.Tensor, unit: int, count: torch.Tensor) -> None:
         tail.div_(count[-1])
 
 
-@functools.lru_cache(maxsize=64)
-def _skeleton(codec, layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Span, packet index and coordinates of each slot, and the widest body: the same for
-    every step of a bucket (the tensors are only read)."""
-    span, index, coords, body = layout.skeleton(codec.body_bytes)
-    return span, index, coords, int(body.max()) if len(body) else 0
-
-
 class Collector:
     """Gradient packets of one (step, bucket) from the expected ranks."""
 
@@ -97,8 +88,10 @@ class Collector:
         self.node, self.step, self.bucket, self.ranks, self.numel = node, step, bucket, ranks, numel
         self.ctx = CodecContext(seed=node.seed, step=step, bucket=bucket, span=node.span, coords=node.coords)
         self.layout = node.codec.layout(numel, self.ctx)
-        self.slot_span, self.slot_index, self.slot_coords, self.width = _skeleton(node.codec, self.layout)
-        self.expected = len(self.slot_span)  # packets per rank
+        span, index, coords, body = node.codec.skeleton(self.layout)  # (cached: the same every step)
+        self.slot_span, self.slot_index, self.slot_coords = span, index, coords
+        self.expected = len(span)  # packets per rank
+        self.width = int(body.max()) if len(body) else 0
         self.order = sorted(ranks)  # rank -> row of the arrays below
         self.rank_peer = np.array([node.peer_index(ranks[r]) for r in self.order], dtype=np.int64)
         nr = len(self.order)

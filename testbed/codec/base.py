@@ -215,6 +215,11 @@ class Codec:
     def layout(self, numel: int, ctx: CodecContext) -> Layout:
         return _layout(numel, ctx.span, ctx.coords, self.rotated)
 
+    def skeleton(self, lay: Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`lay.skeleton(self.body_bytes)`, cached: span, index, coords and body bytes of each
+        packet in the layout's order (read-only tensors)."""
+        return _skeleton(lay, self.body_bytes(32))
+
     def _signs(self, ctx: CodecContext, g: SpanGroup, device) -> torch.Tensor:
         return rht.span_sign_masks(ctx.seed, ctx.step, ctx.bucket,
                                    range(g.first, g.first + g.count), g.size, device=device)
@@ -348,12 +353,18 @@ class Codec:
         spreads that over the span, so every coordinate of such a span is marked missing
         (its value is still the zero-filled estimate). Packets whose span, index or size
         the layout does not have are ignored."""
+        use_native = self.implementation(packets.body.device) == "native"
+        if use_native and self._in_layout_order(packets, self.layout(numel, ctx)):  # as encode wrote them
+            return self.decode_in_order(packets, ctx, numel)
+        return self._decode_any(packets, ctx, numel, use_native)
+
+    def _decode_any(self, packets: Packets, ctx: CodecContext, numel: int, use_native: bool) -> Decoded:
+        """decode() of packets in any order: each one's place looked up in the layout."""
         lay = self.layout(numel, ctx)
         device = packets.body.device
         nbytes = packets.length.clamp(min=0)
         coords = packets.coords.clamp(min=1)
         present = self.present_coords(coords, nbytes)
-        use_native = self.implementation(device) == "native"
         values, missing = [], []
         for g in lay.groups:
             per_span = lay.packets_in_span(g)
@@ -380,6 +391,13 @@ class Codec:
             missing.append(self._missing(lay, g, got, sizes))
         return Decoded(_cat(values), _cat(missing), self._stats(nbytes, coords, present))
 
+    def _in_layout_order(self, packets: Packets, lay: Layout) -> bool:
+        """Whether `packets` are the layout's, one each, in its order, none of them empty
+        (length ≥ 0): then decode_in_order gives decode()'s result without the search."""
+        span, index, coords, _ = self.skeleton(lay)
+        return (len(packets) == len(span) and torch.equal(packets.span, span) and torch.equal(packets.index, index)
+                and torch.equal(packets.coords, coords) and bool((packets.length >= 0).all()))
+
     def _missing(self, lay: Layout, g: SpanGroup, got: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """Group `g`'s missing mask, flat, from the coordinates known of each (span, packet)."""
         short = got < sizes
@@ -405,7 +423,7 @@ class Codec:
         length = packets.length
         if self.implementation(packets.body.device) != "native":  # the reference
             came = (length >= 0).nonzero().squeeze(1)
-            dec = self.decode(packets.select(came), ctx, numel)
+            dec = self._decode_any(packets.select(came), ctx, numel, False)
             stats = {k: torch.zeros(len(packets), dtype=v.dtype).index_copy_(0, came, v)
                      for k, v in dec.stats.items()}
             return Decoded(dec.tensor, dec.missing, stats)
@@ -413,7 +431,7 @@ class Codec:
         ln = length.numpy()
         coords = packets.coords  # the skeleton's (≥ 32 each)
         # every packet came whole (the usual case): nothing is missing, nothing to mask
-        whole = bool((ln == _full_bodies(lay, self.body_bytes(32))).all())
+        whole = bool((ln == self.skeleton(lay)[3].numpy()).all())
         came = None if whole else ln >= 0
         nbytes = length if whole else length.clamp(min=0)
         present = coords if whole else self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
@@ -560,10 +578,10 @@ def _row_order(lay: Layout) -> list[tuple[SpanGroup, np.ndarray, torch.Tensor, t
 
 
 @functools.lru_cache(maxsize=64)
-def _full_bodies(lay: Layout, per32: int) -> np.ndarray:
-    """Each skeleton row's body bytes, untrimmed (per32 bytes a 32 coordinates)."""
-    coords = np.concatenate([np.full(b.group.count * b.per_span, b.coords, dtype=np.int64) for b in lay.blocks])
-    return per32 * coords // 32
+def _skeleton(lay: Layout, per32: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layout.skeleton for a codec whose bodies take per32 bytes a 32 coordinates (every
+    codec's), once per layout; the tensors are only read."""
+    return lay.skeleton(lambda c: per32 * c // 32)
 
 
 def _nothing_missing(g: SpanGroup, device) -> torch.Tensor:
