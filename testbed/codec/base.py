@@ -410,7 +410,11 @@ class Codec:
         return (col[None, None, :] >= got[:, :, None]).reshape(g.count, -1)[:, :g.filled].reshape(-1)
 
     def _stats(self, nbytes: torch.Tensor, coords: torch.Tensor, present: torch.Tensor) -> dict:
-        return {"bytes": nbytes, "present": present, "planes": torch.clamp((8 * nbytes) // coords, max=self.planes)}
+        if nbytes.device.type == "cpu":  # (numpy: a third of torch's time on a bucket's packets)
+            planes = torch.from_numpy(np.minimum(8 * nbytes.numpy() // coords.numpy(), self.planes))
+        else:
+            planes = torch.clamp((8 * nbytes) // coords, max=self.planes)
+        return {"bytes": nbytes, "present": present, "planes": planes}
 
     def decode_in_order(self, packets: Packets, ctx: CodecContext, numel: int) -> Decoded:
         """decode() of a bucket's packets given in the layout's order (Layout.skeleton's:

@@ -120,8 +120,9 @@ def test_native_and_numpy_receive_alike(name, sizes, monkeypatch):
         assert ref_node.discarded[reason] > 0 or reason == "other_stream", reason
     assert ref_node.last_heard == nat_node.last_heard and set(ref_node.last_heard) == set(ADDRS)
     for a, b in zip(ref, nat):
-        for field in ("body", "got", "scale", "sent", "received"):
+        for field in ("got", "scale", "sent", "received"):
             assert np.array_equal(getattr(a, field), getattr(b, field)), field
+        assert np.array_equal(a.body[a.got >= 0], b.body[b.got >= 0])  # (the rest is never read)
         ra, rb = a.rows, b.rows
         assert list(ra) == list(rb)
         for k in ra:
