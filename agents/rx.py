@@ -37,6 +37,9 @@ _REASON_COLUMN = np.array(REASONS, dtype=object)
 FIELDS = ("magic", "version", "codec", "flags", "planes", "packet", "job", "step", "rank", "bucket",
           "span", "coords", "length")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
+# where rx.c reads each header field (wire.HEADER_DTYPE's names): checked when it loads
+_RX_C_OFFSETS = {"magic_version": 0, "codec_flags": 1, "planes": 2, "packet": 3, "job": 4, "step": 6, "rank": 10,
+                 "bucket": 12, "span": 14, "coords": 16, "length": 18, "scale": 20}
 
 
 @dataclass
@@ -73,6 +76,9 @@ def _lib():
     lib = ctypes.CDLL(str(native.build(resources.c_source("agents", "rx.c"), "gcc", FLAGS, "rx", ".so")))
     if lib.tl_rx_nfields() != len(FIELDS) or lib.tl_rx_collector_size() != ctypes.sizeof(_Collector):
         raise native.BuildError("rx.c and trimlab.agents.rx disagree on the header columns or the collector")
+    offsets = {name: wire.HEADER_DTYPE.fields[name][1] for name in wire.HEADER_DTYPE.names}
+    if offsets != _RX_C_OFFSETS:
+        raise native.BuildError(f"rx.c reads the header at {_RX_C_OFFSETS}, wire.HEADER_FIELDS has {offsets}")
     P, I = ctypes.c_void_p, ctypes.c_int64
     lib.tl_rx_route.argtypes = [P, I, P, P, P, I, P, I, I, P, P, P, P, P]
     lib.tl_rx_place.argtypes = [P, P, I, I, P, P, P, P, P, I, P, P, P]
@@ -80,18 +86,22 @@ def _lib():
     return lib
 
 
+@functools.lru_cache(maxsize=1)
+def _available() -> bool:
+    try:
+        _lib()
+        return True
+    except native.BuildError:
+        return False
+
+
 def implementation() -> str:
     """'native' or 'numpy': what routes and places batches in this process."""
     m = mode()
     if m == "native":
         _lib()  # raises BuildError, naming the missing compiler
-    if m == "numpy":
-        return "numpy"
-    try:
-        _lib()
         return "native"
-    except native.BuildError:
-        return "numpy"
+    return "native" if m == "auto" and _available() else "numpy"
 
 
 def count(discarded, counts: np.ndarray) -> None:
