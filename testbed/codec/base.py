@@ -437,8 +437,9 @@ class Codec:
         # every packet came whole (the usual case): nothing is missing, nothing to mask
         whole = bool((ln == self.skeleton(lay)[3].numpy()).all())
         came = None if whole else ln >= 0
-        nbytes = length if whole else length.clamp(min=0)
-        present = coords if whole else self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
+        nbytes = length.clamp(min=0)
+        # (stats are the caller's: never the skeleton's cached tensors themselves)
+        present = coords.clone() if whole else self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
         scale = packets.scale.to(torch.float32).numpy()
         body = packets.body.contiguous()
         width = nbytes.clamp(max=body.shape[1]).contiguous()
