@@ -103,6 +103,7 @@ class Collector:
         self.sent = np.zeros((nr, self.expected), dtype=np.int64)  # UDP payload bytes as sent
         self.received = np.zeros(nr, dtype=np.int64)
         self._log: list[tuple] = []  # (batch, its rows, their statuses and slot keys), batch by batch
+        self.native: tuple | None = None  # rx.c's description of this collector, at its first batch
         self.deadline_s = deadline_s
         self.opened = time.monotonic()
         self.first: float | None = None

@@ -178,9 +178,6 @@ def place(coll: "Collector", a: "Arrived", rows: np.ndarray | None,
     return _place_numpy(coll, a, rows, counts)
 
 
-_SCREENED = ("not_trimlab", "other_job", "other_codec", "other_stream", "bad_layout", "bad_length")
-
-
 def _place_numpy(coll, a, rows, counts):
     if rows is not None:
         a = a.take(rows)
@@ -193,9 +190,8 @@ def _place_numpy(coll, a, rows, counts):
     ok, slot, reason = wire.screen(f, a.length, coll.node.codec, coll.layout, ids, collections.Counter(),
                                    ranks=order, among=known)
     bad = known & ~ok
-    if bad.any():
-        for r in _SCREENED:
-            status[bad & (reason == r)] = CODE[r]
+    for r in set(reason[bad].tolist()):  # (screen's reasons, as codes)
+        status[bad & (reason == r)] = CODE[r]
     ok &= known
     # duplicates: a slot already filled, or filled earlier in this batch (the first wins)
     key = row * max(coll.expected, 1) + slot
@@ -227,9 +223,9 @@ def _place_numpy(coll, a, rows, counts):
 
 
 def _place_native(coll, a, rows, counts):
-    k = coll.__dict__.get("_rx_native")
-    if k is None:  # the collector's description for rx.c, once (it points into its arrays)
-        k = coll._rx_native = _describe(coll)
+    if coll.native is None:  # the collector's description for rx.c, once (it points into its arrays)
+        coll.native = _describe(coll)
+    k = coll.native
     cols = a.cols if a.cols is not None else np.stack([np.asarray(a.head[f], dtype=np.int64) for f in FIELDS], 1)
     scale = np.ascontiguousarray(a.head["scale"], dtype=np.float32)
     length = np.ascontiguousarray(a.length, dtype=np.int64)

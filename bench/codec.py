@@ -123,8 +123,12 @@ def _same_wire(codec, x, ctx) -> bool:
     with _impl("native"):
         nat = codec.encode(x, ctx)
         b = codec.decode(ref.truncated(codec.body_bytes(ctx.coords) // 3), ctx, x.numel())
-    return (all(torch.equal(getattr(ref, f), getattr(nat, f)) for f in ("scale", "body", "length"))
-            and torch.equal(a.tensor, b.tensor))
+    return _wire_equal(ref, nat) and torch.equal(a.tensor, b.tensor)
+
+
+def _wire_equal(a, b) -> bool:
+    """Two encodings (Packets, on any devices) put the same scales, bodies and lengths on the wire."""
+    return all(torch.equal(getattr(a, f), getattr(b, f).to(getattr(a, f).device)) for f in ("scale", "body", "length"))
 
 
 def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
@@ -168,7 +172,7 @@ def cuda(sizes: tuple[int, ...], reps: int, seed: int) -> dict:
             ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN,
                                coords=min(wire.max_coords(codec, 1500), SPAN))
             here, there = codec.encode(x, ctx), codec.encode(xc, ctx)
-            same = all(torch.equal(getattr(here, f), getattr(there, f).cpu()) for f in ("scale", "body", "length"))
+            same = _wire_equal(here, there)
             cut = codec.body_bytes(ctx.coords) // 3
             a = codec.decode(here.truncated(cut), ctx, numel).tensor
             b = codec.decode(there.truncated(cut), ctx, numel).tensor.cpu()
