@@ -121,6 +121,11 @@ class Collector:
         self._log.append((a, rows, status, key))
 
     @property
+    def missing(self) -> int:
+        """Packets not yet received."""
+        return self.expected * len(self.order) - int(self.received.sum())
+
+    @property
     def complete(self) -> bool:
         return bool((self.received >= self.expected).all())
 

@@ -94,7 +94,7 @@ class Node:
         ready = select.select(socks, [], [], timeout)[0]
         now = time.monotonic()
         if self.data is not None and self.data.sock in ready:
-            batch = self.data.recv_many(timeout=0)
+            batch = self.data.recv_many(timeout=0, max_packets=self._wanted())
             if batch is not None:
                 self._on_gradients(batch, now)
         if self.ctrl.sock in ready:
@@ -110,6 +110,13 @@ class Node:
         for b in self.broadcasts:
             b.poll(now)
         self.broadcasts = [b for b in self.broadcasts if not b.done]
+
+    def _wanted(self) -> int | None:
+        """How many gradient packets the open collectors still miss (None: no bound). A
+        batch read no further than that ends where the step does: the next step's packets
+        stay queued until its collector is open, instead of being copied aside as early."""
+        want = sum(c.missing for c in self.collectors.values())
+        return want or None
 
     def _heard(self, d: Datagram, now: float) -> None:
         if d.src[0] in self.peers:

@@ -22,6 +22,7 @@ from trimlab.agents import logs
 from trimlab.agents import workloads as W
 from trimlab.agents.failure import MissedSteps, ProtocolError
 from trimlab.agents.node import Node
+from trimlab.agents.transport import hold_heap
 from trimlab.config import STEP_FIELDS, AgentConfig
 from trimlab.errors import SpecError
 
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="directory for packets.csv, steps.csv, final.json")
     a = ap.parse_args(argv)
     logs.install_signal_exit()
+    hold_heap()
     try:
         cfg = AgentConfig.read(a.config)
     except SpecError as exc:

@@ -29,7 +29,7 @@ from trimlab.agents import workloads as W
 from trimlab.agents.collective import ShardedAllReduce, shard_bounds
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.node import Node
-from trimlab.agents.transport import Sender
+from trimlab.agents.transport import Sender, hold_heap
 from trimlab.config import METRIC_FIELDS, PHASES, AgentConfig
 from trimlab.errors import SpecError
 
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="directory for metrics, truth and final.json")
     a = ap.parse_args(argv)
     logs.install_signal_exit()
+    hold_heap()
     try:
         cfg = AgentConfig.read(a.config)
         cfg.check_rank(a.rank)

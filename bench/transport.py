@@ -35,7 +35,7 @@ import torch
 
 from trimlab import wire
 from trimlab.agents.node import Node
-from trimlab.agents.transport import Sender
+from trimlab.agents.transport import Sender, hold_heap
 from trimlab.bench.switch import _blaster, _rx_packets
 from trimlab.codec import get_codec
 from trimlab.config import GRADIENT_PORT, AgentConfig, CodecConfig, HostConfig, TransportConfig, WorkloadConfig
@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", action="store_true", help="send: encode a step while the one before is sent")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    hold_heap()  # as the agents do
     cfg = AgentConfig.model_validate_json(a.config)
     print(json.dumps(send(cfg, a.seconds, a.encode, sys.stdin if a.wait else None, a.steps, a.overlap)
                      if a.role == "send"

@@ -139,3 +139,33 @@ def test_a_bucket_lost_whole_ends_at_the_deadline_once_peers_are_provably_past_i
     finally:
         node.data.close()
         node.ctrl.close()
+
+
+def test_a_batch_ends_where_the_open_collectors_are_complete():
+    """Two steps' packets queued at once: the node reads no further than the open
+    collector misses, so the next step's packets wait in the socket for their own collector
+    instead of being copied aside as early ones; both steps arrive whole."""
+    from trimlab.agents.node import Node
+    from trimlab.agents.transport import Sender
+    from trimlab.config import AgentConfig
+    cfg = AgentConfig.model_validate({
+        "name": "t", "job": JOB, "seed": SEED, "steps": 2, "mtu": 1500, "topology": "ps", "workload": {},
+        "codec": {"name": "embedded", "span": SPAN, "coords": 256},
+        "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 5000, "port": 47450},
+        "ps": {"name": "ps1", "addr": "127.0.45.1"}, "workers": [{"name": "w1", "addr": "127.0.45.2"}]})
+    node = Node(cfg, "127.0.45.1", {"127.0.45.2": "w1"}, receive_gradients=True)
+    tx = Sender("127.0.45.1", 47450, 10, bind="127.0.45.2")
+    codec = get_codec("embedded")
+    try:
+        grads = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(s)) for s in (3, 4)]
+        for step, g in zip((3, 4), grads):
+            tx.send_frames(wire.packetize_frames(g, codec, 1500, 256, SPAN, wire.PacketIds(JOB, step, 0, 0), SEED))
+        for step, g in zip((3, 4), grads):
+            coll = node.collect(node.expect(step, 0, {0: "127.0.45.2"}, NUMEL, 5.0), step_timeout_s=60)
+            assert not node.early and node.discarded.total() == 0
+            red = coll.reduce()
+            assert red.missing == 0 and red.packets == coll.expected
+            assert torch.equal(red.mean, codec.decode(codec.encode(g, coll.ctx), coll.ctx, NUMEL).tensor)
+    finally:
+        tx.close()
+        node.close()

@@ -231,3 +231,11 @@ def test_a_node_logs_each_batch_from_a_copy_not_from_the_receive_buffer():
     finally:
         node.data.close()
         node.ctrl.close()
+
+
+def test_hold_heap_is_accepted_by_glibc():
+    """The agents' allocator setting: glibc takes both values (mallopt returns 0 for one
+    out of its range); in a child, as it is process-wide."""
+    out = subprocess.run([sys.executable, "-c", "from trimlab.agents.transport import hold_heap; print(hold_heap())"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
