@@ -30,6 +30,9 @@ from trimlab.codec import get_codec
 from trimlab.config import AgentConfig
 
 
+MIN_BATCH = 64  # datagrams a gradient batch may read at least (Node._wanted)
+
+
 class Node:
     """Both sockets of one host, and everything in flight: broadcasts, assemblies, collectors."""
 
@@ -112,11 +115,13 @@ class Node:
         self.broadcasts = [b for b in self.broadcasts if not b.done]
 
     def _wanted(self) -> int | None:
-        """How many gradient packets the open collectors still miss (None: no bound). A
-        batch read no further than that ends where the step does: the next step's packets
-        stay queued until its collector is open, instead of being copied aside as early."""
+        """How many gradient packets the open collectors still miss (None: no bound), and
+        at least MIN_BATCH. A batch read no further than that ends where the step does: the
+        next step's packets stay queued until its collector is open, instead of being
+        copied aside as early (the floor: one lost packet must not make the wait for the
+        deadline read the next step's packets one call each)."""
         want = sum(c.missing for c in self.collectors.values())
-        return want or None
+        return max(want, MIN_BATCH) if want else None
 
     def _heard(self, d: Datagram, now: float) -> None:
         if d.src[0] in self.peers:

@@ -155,17 +155,17 @@ def test_a_batch_ends_where_the_open_collectors_are_complete():
         "ps": {"name": "ps1", "addr": "127.0.45.1"}, "workers": [{"name": "w1", "addr": "127.0.45.2"}]})
     node = Node(cfg, "127.0.45.1", {"127.0.45.2": "w1"}, receive_gradients=True)
     tx = Sender("127.0.45.1", 47450, 10, bind="127.0.45.2")
-    codec = get_codec("embedded")
+    codec, numel = get_codec("embedded"), 100_000  # 391 packets a step: two steps fit one batch
     try:
-        grads = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(s)) for s in (3, 4)]
+        grads = [torch.randn(numel, generator=torch.Generator().manual_seed(s)) for s in (3, 4)]
         for step, g in zip((3, 4), grads):
             tx.send_frames(wire.packetize_frames(g, codec, 1500, 256, SPAN, wire.PacketIds(JOB, step, 0, 0), SEED))
         for step, g in zip((3, 4), grads):
-            coll = node.collect(node.expect(step, 0, {0: "127.0.45.2"}, NUMEL, 5.0), step_timeout_s=60)
+            coll = node.collect(node.expect(step, 0, {0: "127.0.45.2"}, numel, 5.0), step_timeout_s=60)
             assert not node.early and node.discarded.total() == 0
             red = coll.reduce()
             assert red.missing == 0 and red.packets == coll.expected
-            assert torch.equal(red.mean, codec.decode(codec.encode(g, coll.ctx), coll.ctx, NUMEL).tensor)
+            assert torch.equal(red.mean, codec.decode(codec.encode(g, coll.ctx), coll.ctx, numel).tensor)
     finally:
         tx.close()
         node.close()
