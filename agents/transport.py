@@ -273,6 +273,8 @@ _LIBC.recvmmsg.restype = ctypes.c_int
 _LIBC.sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
 _LIBC.sendmmsg.restype = ctypes.c_int
 _UIO_MAXIOV = 1024  # messages per sendmmsg call
+_CMSG_LEN_U16, _CMSG_SPACE_U16 = 18, 24  # a cmsghdr (16 bytes) carrying one u16 (UDP_SEGMENT)
+_RUNS = np.dtype([("first", "i8"), ("rows", "i8"), ("size", "i8")])
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # malloc.h: mallopt's parameters
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit (4 Mi × sizeof(long))
 
@@ -283,14 +285,12 @@ def hold_heap() -> bool:
     again (a bucket's bodies, its decoded tensor, the frames a worker sends); by default
     glibc serves them from fresh mappings, or trims them off the heap, and each first touch
     page-faults: 6 % of the ps's receive-and-decode time by perf (`trimlab bench
-    transport`). Process-wide, so only the agents' entry points call it."""
+    transport`). Process-wide, so only entry points call it (the agents', the benches')."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is None:
         return False
     # an explicit threshold also stops glibc adapting both thresholds to what was freed
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))
-_CMSG_LEN_U16, _CMSG_SPACE_U16 = 18, 24  # a cmsghdr (16 bytes) carrying one u16 (UDP_SEGMENT)
-_RUNS = np.dtype([("first", "i8"), ("rows", "i8"), ("size", "i8")])
 
 
 def _sockaddr(host: str, port: int) -> ctypes.Array:
