@@ -449,11 +449,12 @@ class Codec:
             exp = np.zeros(g.count, dtype=np.int32)
             row_scale = scale
             if self.prescaled:  # (the rule of _decode_exponents, from the packets that came)
-                peak = np.abs(scale[rows])
+                span_scale = scale[rows]
+                peak = np.abs(span_scale)
                 peak = (peak if whole else np.where(here, peak, np.float32(0))).max(axis=1)
                 exp = span_exponents(peak)
                 row_scale = scale.copy()
-                row_scale[rows] = scale[rows] * np.ldexp(np.float32(1), -exp)[:, None]
+                row_scale[rows] = span_scale * np.ldexp(np.float32(1), -exp)[:, None]
             slots = rows_t.reshape(-1) if whole else torch.from_numpy(np.where(here, rows, -1).reshape(-1))
             out = torch.empty(g.count * g.filled, dtype=torch.float32)
             native.decode_group(self, ctx, g, body, slots, width, torch.from_numpy(row_scale),
