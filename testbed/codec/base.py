@@ -440,25 +440,16 @@ class Codec:
         nbytes = length.clamp(min=0)
         # (stats are the caller's: never the skeleton's cached tensors themselves)
         present = coords.clone() if whole else self.present_coords(coords, nbytes).masked_fill_(length < 0, 0)
-        scale = packets.scale.to(torch.float32).numpy()
+        # the header scales as they came: the kernel derives a prescaled span's exponent
+        # from those of its packets that came (the rule of _decode_exponents)
+        scale = packets.scale.to(torch.float32).contiguous()
         body = packets.body.contiguous()
         width = nbytes.clamp(max=body.shape[1]).contiguous()
         values, missing = [], []
         for g, rows, rows_t, sizes in _row_order(lay):
-            here = None if whole else came[rows]  # (spans, packets in span)
-            exp = np.zeros(g.count, dtype=np.int32)
-            row_scale = scale
-            if self.prescaled:  # (the rule of _decode_exponents, from the packets that came)
-                span_scale = scale[rows]
-                peak = np.abs(span_scale)
-                peak = (peak if whole else np.where(here, peak, np.float32(0))).max(axis=1)
-                exp = span_exponents(peak)
-                row_scale = scale.copy()
-                row_scale[rows] = span_scale * np.ldexp(np.float32(1), -exp)[:, None]
-            slots = rows_t.reshape(-1) if whole else torch.from_numpy(np.where(here, rows, -1).reshape(-1))
+            slots = rows_t.reshape(-1) if whole else torch.from_numpy(np.where(came[rows], rows, -1).reshape(-1))
             out = torch.empty(g.count * g.filled, dtype=torch.float32)
-            native.decode_group(self, ctx, g, body, slots, width, torch.from_numpy(row_scale),
-                                torch.from_numpy(exp), out)
+            native.decode_group(self, ctx, g, body, slots, width, scale, None, out)
             values.append(out)
             missing.append(_nothing_missing(g, body.device) if whole else self._missing(lay, g, present[rows_t], sizes))
         return Decoded(_cat(values), _cat(missing), self._stats(nbytes, coords, present))
@@ -546,14 +537,10 @@ def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
     return torch.where(q64 < down * down, lo, torch.where(q64 > up * up, hi, r))
 
 
-def span_exponents(peak: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+def span_exponents(peak: torch.Tensor) -> torch.Tensor:
     """e with peak = m·2^e, m in [0.5, 1), clamped so that 2^±e is a normal float32; 0 for
-    a zero or non-finite peak (NaN and Inf then stay non-finite through the codec). A
-    numpy array in, a numpy array out (the collector's bookkeeping)."""
-    if isinstance(peak, np.ndarray):
-        _, e = np.frexp(peak)
-        ok = np.isfinite(peak) & (peak > 0)
-        return np.where(ok, np.clip(e, -126, 126), 0).astype(np.int32)
+    a zero or non-finite peak (NaN and Inf then stay non-finite through the codec); as
+    kernels.c's exponent_of_top."""
     _, e = torch.frexp(peak)
     ok = torch.isfinite(peak) & (peak > 0)
     return torch.where(ok, e.clamp(-126, 126), torch.zeros_like(e)).to(torch.int32)

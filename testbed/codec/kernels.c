@@ -54,8 +54,8 @@ typedef struct {
     /* decode */
     const int64_t *slots;    /* per (span, packet in span): its row, or -1 */
     const int64_t *length;   /* per row: body bytes present */
-    const float *row_scale;  /* per row: header scale ÷ 2^(span exponent) */
-    const int32_t *exps;     /* per span of the group: that exponent */
+    const float *row_scale;  /* per row: the header scale, ÷ 2^(span exponent) if exps is given */
+    const int32_t *exps;     /* per span of the group: that exponent; NULL: the kernel derives it */
     float *out;              /* the group's first output coordinate */
 } job_t;
 
@@ -921,20 +921,25 @@ static void raw_decode_packet(int codec, const uint8_t *body, int64_t len, int64
 }
 
 /* -- spans ------------------------------------------------------------------------------- */
-static int32_t span_exponent(const float *x, int64_t n) {
-    /* the largest |x| as bits: non-finite values (exponent all ones) sort above the rest */
-    const uint32_t *b = (const uint32_t *)x;
-    uint32_t top = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t a = b[i] & 0x7FFFFFFFu;
-        top = a > top ? a : top;
-    }
+/* e of the largest |value| = m·2^e, m in [0.5, 1), clamped to ±126; 0 for zero or a
+   non-finite value, given the largest |value|'s bits (non-finite ones sort above the rest). */
+static int32_t exponent_of_top(uint32_t top) {
     if (top >= 0x7F800000u || top == 0) return 0;
     float peak;
     memcpy(&peak, &top, 4);
     int e;
     frexpf(peak, &e);
     return e < -126 ? -126 : (e > 126 ? 126 : e);
+}
+
+static int32_t span_exponent(const float *x, int64_t n) {
+    const uint32_t *b = (const uint32_t *)x;
+    uint32_t top = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a = b[i] & 0x7FFFFFFFu;
+        top = a > top ? a : top;
+    }
+    return exponent_of_top(top);
 }
 
 static int64_t packets_in_span(const job_t *J) { return (J->size + J->coords - 1) / J->coords; }
@@ -989,18 +994,35 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     }
 }
 
+/* A prescaled span's exponent from the largest scale of its packets that came (the rule
+   of trimlab.codec.base.span_exponents: the collector's bookkeeping, done here). */
+static int32_t scales_exponent(const job_t *J, const int64_t *slot, int64_t per_span) {
+    uint32_t top = 0;
+    for (int64_t p = 0; p < per_span; p++) {
+        if (slot[p] < 0) continue;
+        uint32_t a;
+        memcpy(&a, J->row_scale + slot[p], 4);
+        a &= 0x7FFFFFFFu;
+        top = a > top ? a : top;
+    }
+    return exponent_of_top(top);
+}
+
 static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) {
     int64_t n = J->size, per_span = packets_in_span(J);
+    const int64_t *slot = J->slots + s * per_span;
+    int32_t e = !J->prescaled ? 0 : (J->exps ? J->exps[s] : scales_exponent(J, slot, per_span));
+    float down = J->exps ? 1.0f : ldexpf(1.0f, -e); /* row_scale ÷ 2^e, unless the caller did */
     for (int64_t p = 0; p < per_span; p++) {
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
         float *y = buf + p * J->coords;
-        int64_t row = J->slots[s * per_span + p];
+        int64_t row = slot[p];
         if (row < 0) {
             memset(y, 0, (size_t)c * sizeof(float));
         } else if (J->codec == EMBEDDED) {
-            embedded_decode_packet(J, J->body + row * J->stride, J->length[row], J->row_scale[row], c, y);
+            embedded_decode_packet(J, J->body + row * J->stride, J->length[row], J->row_scale[row] * down, c, y);
         } else if (J->codec == SIGN_TAIL) {
-            sign_tail_decode_packet(J->body + row * J->stride, J->length[row], J->row_scale[row], c, y);
+            sign_tail_decode_packet(J->body + row * J->stride, J->length[row], J->row_scale[row] * down, c, y);
         } else {
             raw_decode_packet(J->codec, J->body + row * J->stride, J->length[row], c, y);
         }
@@ -1009,7 +1031,7 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
     float inv_sqrt = (float)(1.0 / sqrt((double)n));
 #ifdef TL_AVX512
     if (J->rotated && J->filled == n && n >= 32) { /* the last pass scales, flips, unscales, writes out */
-        const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, J->exps[s]) : 0.0f, masks, J->out + s * J->filled};
+        const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, e) : 0.0f, masks, J->out + s * J->filled};
         flip_masks(key, n, masks);
         fwht_avx512(buf, buf, n, 0.0f, NULL, &F);
         return;
@@ -1019,7 +1041,7 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
         fwht_scaled(buf, n, inv_sqrt);
         flip_signs(buf, n, key);
     }
-    if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, J->exps[s]));
+    if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, e));
     memcpy(J->out + s * J->filled, buf, (size_t)J->filled * sizeof(float));
 }
 

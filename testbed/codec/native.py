@@ -128,13 +128,15 @@ def encode_groups(codec, flat: torch.Tensor, ctx, lay, body: torch.Tensor, scale
 
 
 def decode_group(codec, ctx, group, body: torch.Tensor, slots: torch.Tensor, length: torch.Tensor,
-                 row_scale: torch.Tensor, exps: torch.Tensor, out: torch.Tensor) -> None:
+                 row_scale: torch.Tensor, exps: torch.Tensor | None, out: torch.Tensor) -> None:
     """Decode the spans of `group` into `out` (the group's filled coordinates, contiguous):
-    slots (count × packets per span) holds each packet's row in `body` or −1."""
+    slots (count × packets per span) holds each packet's row in `body` or −1. A prescaled
+    codec's `row_scale` is divided by 2^exps[span]; with exps None, the header scales as
+    they came, and the kernel derives each span's exponent from those of its packets."""
     tables = codec.native_tables("cpu")
     job = _job(codec, ctx, group, body=body.data_ptr(), width=body.shape[1], stride=body.stride(0),
                slots=slots.data_ptr(),
-               length=length.data_ptr(), row_scale=row_scale.data_ptr(), exps=exps.data_ptr(),
+               length=length.data_ptr(), row_scale=row_scale.data_ptr(), exps=_ptr(exps),
                out=out.data_ptr(), **{k: _ptr(v) for k, v in tables.items()})
     if _lib().tl_decode_group(ctypes.byref(job), _threads):
         raise MemoryError("codec kernel: out of memory")
