@@ -125,11 +125,17 @@ class Embedded(Codec):
     def _table(self, device: str) -> torch.Tensor:
         return self._table64.to(device=device, dtype=torch.float32)
 
+    @functools.lru_cache(maxsize=8)
+    def _fine(self, device: str) -> torch.Tensor:
+        """The finest level's centroids alone, in cell order (kernels.c's `fine`)."""
+        return self._table(device)[1::2].contiguous()
+
     def body_bytes(self, coords: int) -> int:
         return self.planes * coords // 8
 
     def native_tables(self, device):
-        return {"thresholds": thresholds(), "poly": guess_poly(), "table": self._table(device)}
+        return {"thresholds": thresholds(), "poly": guess_poly(), "table": self._table(device),
+                "fine": self._fine(device)}
 
     def encode_block(self, y):
         c = y.shape[1]

@@ -44,6 +44,8 @@ typedef struct {
     const float *thresholds; /* embedded encode: T[0..2^16], T[0] = -inf, T[2^16] = +inf */
     const float *poly;       /* embedded encode: 4 coefficients per cell */
     const float *table;      /* embedded decode: centroid of v = (q << 1) | marker */
+    const float *fine;       /* embedded decode: the finest level's, fine[q] = table[2q + 1] (one
+                                cache line holds 16 of them, not 8: whole packets gather here) */
     /* encode */
     const float *x;          /* the group's first coordinate */
     uint8_t *body;           /* packet rows */
@@ -553,6 +555,14 @@ static inline void centroids32(const float *table, const levels_t *L, __m512i q,
     }
 }
 
+/* 32 coordinates of a whole 16-plane packet: its finest level's centroids, × scale. */
+static inline void fine32(const float *fine, __m512 vscale, __m512i q, int64_t i, float *y) {
+    for (int h = 0; h < 2; h++) {
+        __m512i q32 = _mm512_cvtepu16_epi32(h ? _mm512_extracti64x4_epi64(q, 1) : _mm512_castsi512_si256(q));
+        _mm512_storeu_ps(y + i + 16 * h, _mm512_mul_ps(_mm512_i32gather_ps(q32, fine, 4), vscale));
+    }
+}
+
 /* The inverse: q16's known bits from whole planes and the partial plane's prefix, then
    the centroids. */
 static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
@@ -578,7 +588,7 @@ static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t 
             v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
         transpose4_lanes(v);
-        for (int u = 0; u < 4; u++) centroids32(J->table, &L, planes_to_q16(v[u]), i + 32 * u, y);
+        for (int u = 0; u < 4; u++) fine32(J->fine, L.vscale, planes_to_q16(v[u]), i + 32 * u, y);
     }
 #endif
     for (; i < c; i += 32) {

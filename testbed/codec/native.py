@@ -33,7 +33,7 @@ class _Job(ctypes.Structure):
         ("planes", ctypes.c_int), ("unbiased", ctypes.c_int),
         ("seed", ctypes.c_uint64), ("step", ctypes.c_uint64), ("bucket", ctypes.c_uint64),
         ("first_span", _I64), ("count", _I64), ("filled", _I64), ("size", _I64), ("coords", _I64),
-        ("thresholds", _P), ("poly", _P), ("table", _P),
+        ("thresholds", _P), ("poly", _P), ("table", _P), ("fine", _P),
         ("x", _P), ("body", _P), ("width", _I64), ("stride", _I64), ("row_full", _I64), ("row_tail", _I64),
         ("scale", _P),
         ("slots", _P), ("length", _P), ("row_scale", _P), ("exps", _P), ("out", _P),
