@@ -140,9 +140,10 @@ static inline __m512 flip_by(__m512 v, uint16_t mask) {
 /* What the last pass of the butterflies does to each register after them: × scale (the
    RHT's 1/√n), then for the inverse RHT flip signs and × post (2^e of a prescaled span,
    0: none), stored to `out` — the same operations, in the same order, as the separate
-   passes of the plain path. Stores to a 64-byte-aligned `out` stream past the caches (a
-   decoded bucket is megabytes, written once: an ordinary store first reads each line it
-   writes; embedded's decode of 4 Mi coordinates 6.0–6.3 → 5.3–5.5 ms); run_part fences. */
+   passes of the plain path. Ordinary stores, not streaming ones: what reads a decoded
+   bucket next (the collector's sum over ranks) finds it in the cache, and whatever is
+   allocated there next is not fetched back from memory (streamed, a ps's reduce of four
+   ranks' 1 Mi buckets took 6.8–7.0 ms against 5.5–5.9). */
 typedef struct {
     float scale, post;
     const uint16_t *flip; /* flip_masks, or NULL */
@@ -155,7 +156,6 @@ typedef struct {
 static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv, int64_t s, int r,
                                                             const finish_t *F) {
     float *dst = F && F->out ? F->out : y;
-    int stream = dst != y && !((uintptr_t)dst & 63);
     for (int64_t b = 0; b < nv; b += s << r)
         for (int64_t j = 0; j < s; j++) {
             __m512 v[8];
@@ -174,23 +174,25 @@ static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv
                     if (F->flip) v[k] = flip_by(v[k], F->flip[vi]);
                     if (F->post != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(F->post));
                 }
-                if (stream) _mm512_stream_ps(dst + 16 * vi, v[k]);
-                else _mm512_storeu_ps(dst + 16 * vi, v[k]);
+                _mm512_storeu_ps(dst + 16 * vi, v[k]);
             }
         }
 }
 
 /* Stages 1, 2, 4, 8 inside each register, reading `in` (× pre first unless pre is 0, then
    the RHT's sign flips with `flip` masks) and writing y; then the other stages three at a
-   time (two or one for the last pass, which finishes with F). n ≥ 32. */
+   time (two or one for the last pass, which finishes with F). n ≥ 32. `ahead` (or NULL):
+   n floats fetched into the cache line by line as `in` is read (encode: the next span's
+   input, on its way while this span's butterflies and packing compute). */
 static void fwht_avx512(const float *in, float *y, int64_t n, float pre, const uint16_t *flip,
-                        const finish_t *F) {
+                        const finish_t *F, const float *ahead) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i p1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1)), p2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
     const __m512i p4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4)), p8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
     const __m512 s1 = stage_sign(lane, 1), s2 = stage_sign(lane, 2), s4 = stage_sign(lane, 4), s8 = stage_sign(lane, 8);
     for (int64_t i = 0; i < n; i += 16) {
         __m512 v = _mm512_loadu_ps(in + i);
+        if (ahead) __builtin_prefetch(ahead + i, 0, 3);
         if (pre != 0.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(pre));
         if (flip) v = flip_by(v, flip[i / 16]);
         v = bfly_lanes(v, p1, s1);
@@ -219,7 +221,7 @@ static void fwht_scaled(float *y, int64_t n, float scale) {
 #ifdef TL_AVX512
     if (n >= 32) {
         const finish_t F = {scale, 0.0f, NULL, NULL};
-        fwht_avx512(y, y, n, 0.0f, NULL, &F);
+        fwht_avx512(y, y, n, 0.0f, NULL, &F, NULL);
         return;
     }
 #endif
@@ -969,7 +971,8 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     if (J->rotated && J->filled == n && n >= 32) { /* fewer passes: read x, prescale and flip in the first */
         const finish_t F = {inv_sqrt, 0.0f, NULL, NULL};
         flip_masks(key, n, masks);
-        fwht_avx512(x, buf, n, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, &F);
+        fwht_avx512(x, buf, n, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, &F,
+                    s + 1 < J->count ? x + J->filled : NULL);
     } else
 #endif
     {
@@ -1018,6 +1021,14 @@ static int32_t scales_exponent(const job_t *J, const int64_t *slot, int64_t per_
     return exponent_of_top(top);
 }
 
+/* A packet's body (row < 0: none) fetched into the cache: the next span's, while this
+   span's are decoded (the reads otherwise wait on memory between spans). */
+static void prefetch_row(const job_t *J, int64_t row) {
+    if (row < 0) return;
+    const uint8_t *b = J->body + row * J->stride;
+    for (int64_t o = 0; o < J->length[row]; o += 64) __builtin_prefetch(b + o, 0, 3);
+}
+
 static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) {
     int64_t n = J->size, per_span = packets_in_span(J);
     const int64_t *slot = J->slots + s * per_span;
@@ -1027,6 +1038,7 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
         float *y = buf + p * J->coords;
         int64_t row = slot[p];
+        prefetch_row(J, s + 1 < J->count ? slot[per_span + p] : -1); /* the next span's packet p */
         if (row < 0) {
             memset(y, 0, (size_t)c * sizeof(float));
         } else if (J->codec == EMBEDDED) {
@@ -1043,7 +1055,7 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
     if (J->rotated && J->filled == n && n >= 32) { /* the last pass scales, flips, unscales, writes out */
         const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, e) : 0.0f, masks, J->out + s * J->filled};
         flip_masks(key, n, masks);
-        fwht_avx512(buf, buf, n, 0.0f, NULL, &F);
+        fwht_avx512(buf, buf, n, 0.0f, NULL, &F, NULL);
         return;
     }
 #endif
@@ -1078,9 +1090,6 @@ static void *run_part(void *arg) {
         if (P->encode) encode_span(J, s, buf, q, masks);
         else decode_span(J, s, buf, masks);
     }
-#ifdef TL_AVX512
-    _mm_sfence(); /* this thread's streamed stores (fwht_pass) are done before it returns */
-#endif
     free(buf);
     free(q);
     free(masks);
