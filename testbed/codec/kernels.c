@@ -182,8 +182,9 @@ static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv
 /* Stages 1, 2, 4, 8 inside each register, reading `in` (× pre first unless pre is 0, then
    the RHT's sign flips with `flip` masks) and writing y; then the other stages three at a
    time (two or one for the last pass, which finishes with F). n ≥ 32. `ahead` (or NULL):
-   n floats fetched into the cache line by line as `in` is read (encode: the next span's
-   input, on its way while this span's butterflies and packing compute). */
+   n floats fetched into L2 line by line as `in` is read (encode: the next span's input,
+   on its way while this span's butterflies and packing compute; into L1 it would meet
+   this span's scratch and packets there and be evicted before use). */
 static void fwht_avx512(const float *in, float *y, int64_t n, float pre, const uint16_t *flip,
                         const finish_t *F, const float *ahead) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -192,7 +193,7 @@ static void fwht_avx512(const float *in, float *y, int64_t n, float pre, const u
     const __m512 s1 = stage_sign(lane, 1), s2 = stage_sign(lane, 2), s4 = stage_sign(lane, 4), s8 = stage_sign(lane, 8);
     for (int64_t i = 0; i < n; i += 16) {
         __m512 v = _mm512_loadu_ps(in + i);
-        if (ahead) __builtin_prefetch(ahead + i, 0, 3);
+        if (ahead) __builtin_prefetch(ahead + i, 0, 2);
         if (pre != 0.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(pre));
         if (flip) v = flip_by(v, flip[i / 16]);
         v = bfly_lanes(v, p1, s1);
@@ -1021,12 +1022,12 @@ static int32_t scales_exponent(const job_t *J, const int64_t *slot, int64_t per_
     return exponent_of_top(top);
 }
 
-/* A packet's body (row < 0: none) fetched into the cache: the next span's, while this
-   span's are decoded (the reads otherwise wait on memory between spans). */
+/* A packet's body (row < 0: none) fetched into L2: the next span's, while this span's
+   are decoded (the reads otherwise wait on memory between spans). */
 static void prefetch_row(const job_t *J, int64_t row) {
     if (row < 0) return;
     const uint8_t *b = J->body + row * J->stride;
-    for (int64_t o = 0; o < J->length[row]; o += 64) __builtin_prefetch(b + o, 0, 3);
+    for (int64_t o = 0; o < J->length[row]; o += 64) __builtin_prefetch(b + o, 0, 2);
 }
 
 static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) {
