@@ -109,15 +109,21 @@ static void flip_signs(float *y, int64_t n, uint64_t key) {
 
 /* -- Walsh–Hadamard butterflies, stage order fixed ---------------------------------------- */
 #ifdef TL_AVX512
-/* One stage h < 16 inside a 16-float register: lane i pairs with lane i ^ h; the lower
+/* Stages 1, 2, 4, 8 inside a 16-float register: lane i pairs with lane i ^ h; the lower
    lane gets a + b, the upper a − b (a the lower lane's value), as the scalar loop does:
-   partner + v·(±1), one rounding, the product exact. */
-static inline __m512 bfly_lanes(__m512 v, __m512i partner, __m512 sign) {
-    return _mm512_fmadd_ps(v, sign, _mm512_permutexvar_ps(partner, v));
+   partner + v·(±1), one rounding, the product exact. Each partner comes from the cheapest
+   shuffle that reaches it (within 128-bit blocks for h = 1, 2; whole blocks for h = 4, 8):
+   a full lane permute for every stage made the butterflies 10–15 % slower. */
+static inline __m512 bfly_in_register(__m512 v, const __m512 sign[4]) {
+    v = _mm512_fmadd_ps(v, sign[0], _mm512_permute_ps(v, 0xB1));
+    v = _mm512_fmadd_ps(v, sign[1], _mm512_permute_ps(v, 0x4E));
+    v = _mm512_fmadd_ps(v, sign[2], _mm512_shuffle_f32x4(v, v, 0xB1));
+    return _mm512_fmadd_ps(v, sign[3], _mm512_shuffle_f32x4(v, v, 0x4E));
 }
 
 /* ±1 per lane for stage h: −1 where bit h of the lane index is set. */
-static inline __m512 stage_sign(__m512i lane, int h) {
+static inline __m512 stage_sign(int h) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
     return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f));
 }
@@ -137,12 +143,24 @@ static inline __m512 flip_by(__m512 v, uint16_t mask) {
     return _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), (__mmask16)mask, _mm512_castps_si512(v), sign));
 }
 
-/* What the last pass of the butterflies does to each register after them: × scale (the
-   RHT's 1/√n), then for the inverse RHT flip signs and × post (2^e of a prescaled span,
-   0: none), stored to `out` — the same operations, in the same order, as the separate
-   passes of the plain path. Ordinary stores, not streaming ones: what reads a decoded
-   bucket next (the collector's sum over ranks) finds it in the cache, and whatever is
-   allocated there next is not fetched back from memory (streamed, a ps's reduce of four
+/* What the first pass does to each register as it loads it from `in`: × pre (0: nothing),
+   the RHT's sign flips (`flip` masks, or NULL), then stages 1, 2, 4, 8 inside it. `ahead`
+   (or NULL): as many floats fetched into L2 line by line as `in` is read (encode: the next
+   span's input, on its way while this span's butterflies and packing compute; into L1 it
+   would meet this span's scratch and packets there and be evicted before use). */
+typedef struct {
+    const float *in;
+    float pre;
+    const uint16_t *flip;
+    const float *ahead;
+} start_t;
+
+/* What the last pass does to each register after the butterflies: × scale (the RHT's
+   1/√n), then for the inverse RHT flip signs and × post (2^e of a prescaled span, 0:
+   none), stored to `out` (NULL: in place) — the same operations, in the same order, as the
+   separate passes of the plain path. Ordinary stores, not streaming ones: what reads a
+   decoded bucket next (the collector's sum over ranks) finds it in the cache, and whatever
+   is allocated there next is not fetched back from memory (streamed, a ps's reduce of four
    ranks' 1 Mi buckets took 6.8–7.0 ms against 5.5–5.9). */
 typedef struct {
     float scale, post;
@@ -150,69 +168,87 @@ typedef struct {
     float *out;
 } finish_t;
 
-/* Stages h = 16·s, 32·s, ... (r of them) over registers s apart, all r while the 2^r
-   registers are loaded; F (the last pass only) finishes each register. Each value goes
-   through the same additions in the same order as stage after stage would. */
+/* Stages h = 16·s, 32·s, ... (r ≤ 4 of them) over registers s apart, all r while the 2^r
+   registers are loaded; S (the first pass only, s = 1) starts each register as it is
+   loaded, F (the last pass only) finishes each one. Each value goes through the same
+   additions in the same order as stage after stage would. */
 static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv, int64_t s, int r,
-                                                            const finish_t *F) {
+                                                            const start_t *S, const finish_t *F) {
+    /* S's and F's fields in locals: read through the pointers, every store to y could
+       alias them, and the compiler reloaded each one for every register */
+    const float *src = S ? S->in : y, *ahead = S ? S->ahead : NULL;
+    const uint16_t *flip_in = S ? S->flip : NULL, *flip_out = F ? F->flip : NULL;
+    const float pre = S ? S->pre : 0.0f, scale = F ? F->scale : 1.0f, post = F ? F->post : 0.0f;
     float *dst = F && F->out ? F->out : y;
+    const __m512 sign[4] = {stage_sign(1), stage_sign(2), stage_sign(4), stage_sign(8)};
     for (int64_t b = 0; b < nv; b += s << r)
         for (int64_t j = 0; j < s; j++) {
-            __m512 v[8];
-            for (int k = 0; k < (1 << r); k++) v[k] = _mm512_loadu_ps(y + 16 * (b + j + k * s));
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int k = 0; k < (1 << r); k++) {
+                int64_t vi = b + j + k * s;
+                v[k] = _mm512_loadu_ps(src + 16 * vi);
+                if (S) {
+                    if (ahead) __builtin_prefetch(ahead + 16 * vi, 0, 2);
+                    if (pre != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(pre));
+                    if (flip_in) v[k] = flip_by(v[k], flip_in[vi]);
+                    v[k] = bfly_in_register(v[k], sign);
+                }
+            }
+#pragma GCC unroll 4
             for (int t = 0; t < r; t++)
+#pragma GCC unroll 16
                 for (int k = 0; k < (1 << r); k++)
                     if (!(k & (1 << t))) {
                         __m512 a = v[k], c = v[k | (1 << t)];
                         v[k] = _mm512_add_ps(a, c);
                         v[k | (1 << t)] = _mm512_sub_ps(a, c);
                     }
+#pragma GCC unroll 16
             for (int k = 0; k < (1 << r); k++) {
                 int64_t vi = b + j + k * s;
                 if (F) {
-                    v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(F->scale));
-                    if (F->flip) v[k] = flip_by(v[k], F->flip[vi]);
-                    if (F->post != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(F->post));
+                    v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(scale));
+                    if (flip_out) v[k] = flip_by(v[k], flip_out[vi]);
+                    if (post != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(post));
                 }
                 _mm512_storeu_ps(dst + 16 * vi, v[k]);
             }
         }
 }
 
-/* Stages 1, 2, 4, 8 inside each register, reading `in` (× pre first unless pre is 0, then
-   the RHT's sign flips with `flip` masks) and writing y; then the other stages three at a
-   time (two or one for the last pass, which finishes with F). n ≥ 32. `ahead` (or NULL):
-   n floats fetched into L2 line by line as `in` is read (encode: the next span's input,
-   on its way while this span's butterflies and packing compute; into L1 it would meet
-   this span's scratch and packets there and be evicted before use). */
-static void fwht_avx512(const float *in, float *y, int64_t n, float pre, const uint16_t *flip,
-                        const finish_t *F, const float *ahead) {
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i p1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1)), p2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
-    const __m512i p4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4)), p8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
-    const __m512 s1 = stage_sign(lane, 1), s2 = stage_sign(lane, 2), s4 = stage_sign(lane, 4), s8 = stage_sign(lane, 8);
-    for (int64_t i = 0; i < n; i += 16) {
-        __m512 v = _mm512_loadu_ps(in + i);
-        if (ahead) __builtin_prefetch(ahead + i, 0, 2);
-        if (pre != 0.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(pre));
-        if (flip) v = flip_by(v, flip[i / 16]);
-        v = bfly_lanes(v, p1, s1);
-        v = bfly_lanes(v, p2, s2);
-        v = bfly_lanes(v, p4, s4);
-        _mm512_storeu_ps(y + i, bfly_lanes(v, p8, s8));
+/* The last pass (r stages), with the first's start too where it is also the first. */
+static void fwht_last(float *y, int64_t nv, int64_t s, int r, const start_t *S, const finish_t *F) {
+    if (S) {
+        if (r == 1) fwht_pass(y, nv, s, 1, S, F);
+        else if (r == 2) fwht_pass(y, nv, s, 2, S, F);
+        else if (r == 3) fwht_pass(y, nv, s, 3, S, F);
+        else fwht_pass(y, nv, s, 4, S, F);
+    } else if (r == 1) {
+        fwht_pass(y, nv, s, 1, NULL, F);
+    } else {
+        fwht_pass(y, nv, s, 2, NULL, F);
     }
+}
+
+/* The butterflies of n ≥ 32 floats from `in` (started by S) into y, finished by F: the
+   in-register stages and up to four more in the first pass (16 of the 32 registers), then
+   two at a time. Paired against the earlier plan (in-register, then three a time: four
+   passes over a 4096-float span) in an interleaved copy of the codec bench, this plan
+   (three passes) took 0.2–0.3 ms off each direction of 4 Mi coordinates; four stages in
+   the last pass too (two passes) made decode slower: there 16 registers 1 KiB apart are
+   stored to the output at once, and their lines miss together. */
+static void fwht_avx512(float *y, int64_t n, const start_t *S, const finish_t *F) {
     int64_t nv = n / 16, s = 1;
     int left = 0;
     for (int64_t m = nv; m > 1; m >>= 1) left++;
-    while (left > 0) {
-        int r = left >= 3 ? 3 : left;
-        if (left > r) fwht_pass(y, nv, s, 3, NULL); /* middle passes: r is 3 */
-        else if (r == 3) fwht_pass(y, nv, s, 3, F);
-        else if (r == 2) fwht_pass(y, nv, s, 2, F);
-        else fwht_pass(y, nv, s, 1, F);
-        s <<= r;
-        left -= r;
+    if (left <= 4) {
+        fwht_last(y, nv, 1, left, S, F);
+        return;
     }
+    fwht_pass(y, nv, 1, 4, S, NULL);
+    for (s = 16, left -= 4; left > 2; s <<= 2, left -= 2) fwht_pass(y, nv, s, 2, NULL, NULL);
+    fwht_last(y, nv, s, left, NULL, F);
 }
 #endif
 
@@ -221,8 +257,9 @@ static void fwht_scaled(float *y, int64_t n, float scale) {
     int64_t h = 1;
 #ifdef TL_AVX512
     if (n >= 32) {
+        const start_t S = {y, 0.0f, NULL, NULL};
         const finish_t F = {scale, 0.0f, NULL, NULL};
-        fwht_avx512(y, y, n, 0.0f, NULL, &F, NULL);
+        fwht_avx512(y, n, &S, &F);
         return;
     }
 #endif
@@ -970,10 +1007,10 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     float inv_sqrt = (float)(1.0 / sqrt((double)n));
 #ifdef TL_AVX512
     if (J->rotated && J->filled == n && n >= 32) { /* fewer passes: read x, prescale and flip in the first */
+        const start_t S = {x, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, s + 1 < J->count ? x + J->filled : NULL};
         const finish_t F = {inv_sqrt, 0.0f, NULL, NULL};
         flip_masks(key, n, masks);
-        fwht_avx512(x, buf, n, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, &F,
-                    s + 1 < J->count ? x + J->filled : NULL);
+        fwht_avx512(buf, n, &S, &F);
     } else
 #endif
     {
@@ -1055,8 +1092,9 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
 #ifdef TL_AVX512
     if (J->rotated && J->filled == n && n >= 32) { /* the last pass scales, flips, unscales, writes out */
         const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, e) : 0.0f, masks, J->out + s * J->filled};
+        const start_t S = {buf, 0.0f, NULL, NULL};
         flip_masks(key, n, masks);
-        fwht_avx512(buf, buf, n, 0.0f, NULL, &F, NULL);
+        fwht_avx512(buf, n, &S, &F);
         return;
     }
 #endif

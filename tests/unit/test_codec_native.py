@@ -65,6 +65,12 @@ def _inputs():
             "tiny": (torch.randn(2048, generator=g) * 1e-30, CodecContext(0, 0, 0, 1024, 256)),
             "huge": (torch.randn(2048, generator=g) * 1e30, CodecContext(0, 0, 0, 1024, 256)),
             "zeros": (torch.zeros(700), CodecContext(0, 0, 0, 256, 128)),
+            # spans of every pass plan of the butterflies (one pass of 1 to 4 stages
+            # after the in-register ones; 4 + 4 + 2)
+            "span_32": (torch.randn(70, generator=g), CodecContext(3, 1, 2, 32, 32)),
+            "span_64": (torch.randn(130, generator=g), CodecContext(3, 1, 2, 64, 32)),
+            "span_128": (torch.randn(200, generator=g), CodecContext(3, 1, 2, 128, 64)),
+            "span_16k": (torch.randn(16384 + 40, generator=g), CodecContext(3, 1, 2, 16384, 1024)),
             # many packets of a size whose scale needs a correctly rounded square root
             "many": (torch.randn(1 << 18, generator=g), CodecContext(4, 5, 1, 4096, 480))}
 
