@@ -999,6 +999,14 @@ static int64_t row_of(const job_t *J, int64_t s, int64_t p) {
     return p < n_full ? J->row_full + s * n_full + p : J->row_tail + s;
 }
 
+/* A whole span that is neither rotated nor prescaled (fp32, bf16, sign_tail without rotation)
+   needs no scratch: its packets are coded straight from the input and decoded straight into
+   the output (through the scratch, fp32 copied every value twice each way: its encode took
+   1.9× a clone). */
+static int straight_through(const job_t *J) {
+    return !J->rotated && !J->prescaled && J->filled == J->size;
+}
+
 static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint16_t *masks) {
     const float *x = J->x + s * J->filled;
     int64_t n = J->size;
@@ -1013,7 +1021,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
         fwht_avx512(buf, n, &S, &F);
     } else
 #endif
-    {
+    if (!straight_through(J)) {
         memcpy(buf, x, (size_t)J->filled * sizeof(float));
         memset(buf + J->filled, 0, (size_t)(n - J->filled) * sizeof(float));
         if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, -e));
@@ -1022,6 +1030,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
             fwht_scaled(buf, n, inv_sqrt);
         }
     }
+    const float *span = straight_through(J) ? x : buf; /* what the packets are coded from */
     float unit = ldexpf(1.0f, e);
     for (int64_t p = 0; p < packets_in_span(J); p++) {
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
@@ -1030,13 +1039,13 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
         float sigma;
         int64_t used;
         if (J->codec == EMBEDDED) {
-            sigma = embedded_encode_packet(J, buf + p * J->coords, c, body, q);
+            sigma = embedded_encode_packet(J, span + p * J->coords, c, body, q);
             used = (int64_t)J->planes * c / 8;
         } else if (J->codec == SIGN_TAIL) {
-            sigma = sign_tail_encode_packet(J, buf + p * J->coords, c, body);
+            sigma = sign_tail_encode_packet(J, span + p * J->coords, c, body);
             used = 4 * c;
         } else {
-            raw_encode_packet(J->codec, buf + p * J->coords, c, body);
+            raw_encode_packet(J->codec, span + p * J->coords, c, body);
             sigma = 1.0f;
             used = (J->codec == FP32 ? 4 : 2) * c;
         }
@@ -1072,6 +1081,8 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
     const int64_t *slot = J->slots + s * per_span;
     int32_t e = !J->prescaled ? 0 : (J->exps ? J->exps[s] : scales_exponent(J, slot, per_span));
     float down = J->exps ? 1.0f : ldexpf(1.0f, -e); /* row_scale ÷ 2^e, unless the caller did */
+    int straight = straight_through(J);
+    if (straight) buf = J->out + s * J->filled;
     for (int64_t p = 0; p < per_span; p++) {
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
         float *y = buf + p * J->coords;
@@ -1098,6 +1109,7 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
         return;
     }
 #endif
+    if (straight) return;
     if (J->rotated) {
         fwht_scaled(buf, n, inv_sqrt);
         flip_signs(buf, n, key);
