@@ -166,6 +166,19 @@ def test_span_keys_and_guess_agree_with_python(kernels):
 
 
 @pytest.mark.unit
+def test_the_quantizers_unambiguous_guess_is_exact_for_every_float(kernels):
+    """AVX-512 builds take the guess's cell without the thresholds where the guess is far
+    from the cell's ends: over every float32 that cell is the thresholds' own (a proof by
+    exhaustion, some seconds); builds without the path say so with −1."""
+    lib = native._lib()
+    lib.tl_fast_cell_misses.restype = ctypes.c_int64
+    misses = lib.tl_fast_cell_misses(ctypes.c_void_p(thresholds().data_ptr()), ctypes.c_int64(1))
+    flags = set(open("/proc/cpuinfo").read().split()) if platform.system() == "Linux" else set()
+    avx512 = kernels == "avx512" or (kernels == "host" and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
+    assert misses == (0 if avx512 else -1)
+
+
+@pytest.mark.unit
 def test_the_kernels_ship_and_report_their_build():
     src = resources.c_source("codec", "kernels.c")
     assert src.is_file()
