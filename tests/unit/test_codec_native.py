@@ -6,6 +6,7 @@ units (AVX-512 with GFNI here), for AVX-512 without GFNI, for AVX2 only, and wit
 import ctypes
 import dataclasses
 import platform
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,8 +66,8 @@ def _inputs():
             "tiny": (torch.randn(2048, generator=g) * 1e-30, CodecContext(0, 0, 0, 1024, 256)),
             "huge": (torch.randn(2048, generator=g) * 1e30, CodecContext(0, 0, 0, 1024, 256)),
             "zeros": (torch.zeros(700), CodecContext(0, 0, 0, 256, 128)),
-            # spans of every pass plan of the butterflies (one pass of 1 to 4 stages
-            # after the in-register ones; 4 + 4 + 2)
+            # spans of every pass plan of the butterflies (the first pass alone, with 1 to
+            # 4 stages after the in-register ones: spans 32 to 256; 4 + 2 + 2 + 2 at 16 384)
             "span_32": (torch.randn(70, generator=g), CodecContext(3, 1, 2, 32, 32)),
             "span_64": (torch.randn(130, generator=g), CodecContext(3, 1, 2, 64, 32)),
             "span_128": (torch.randn(200, generator=g), CodecContext(3, 1, 2, 128, 64)),
@@ -173,7 +174,8 @@ def test_the_quantizers_unambiguous_guess_is_exact_for_every_float(kernels):
     lib = native._lib()
     lib.tl_fast_cell_misses.restype = ctypes.c_int64
     misses = lib.tl_fast_cell_misses(ctypes.c_void_p(thresholds().data_ptr()), ctypes.c_int64(1))
-    flags = set(open("/proc/cpuinfo").read().split()) if platform.system() == "Linux" else set()
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
     avx512 = kernels == "avx512" or (kernels == "host" and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
     assert misses == (0 if avx512 else -1)
 
