@@ -181,6 +181,15 @@ def test_the_quantizers_unambiguous_guess_is_exact_for_every_float(kernels):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_the_finest_centroids_are_antisymmetric(unbiased):
+    """The decode kernel gathers a whole packet's centroids from the lower half of `fine`
+    and negates them for the upper half: exact only while the table mirrors itself."""
+    fine = get_codec("embedded", unbiased=unbiased).native_tables("cpu")["fine"]
+    assert fine.numel() == 1 << 16 and torch.equal(fine, -fine.flip(0))
+
+
+@pytest.mark.unit
 def test_the_kernels_ship_and_report_their_build():
     src = resources.c_source("codec", "kernels.c")
     assert src.is_file()
