@@ -459,12 +459,10 @@ static inline __m512i truncate16(__m512 g) {
     return _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32((1 << QBITS) - 1));
 }
 
-static inline __m512i guess16(__m512 z) { return truncate16(guess16_float(z)); }
-
 /* q16 of 16 values z (NaN already 0): the guess, then (T[q], T[q+1]) fetched as one 8-byte
    element and compared. */
 static inline __m512i quantize_x16(const float *T, __m512 z) {
-    __m512i q = guess16(z);
+    __m512i q = truncate16(guess16_float(z));
     __m512i pa = _mm512_i32gather_epi64(_mm512_castsi512_si256(q), T, 4);
     __m512i pb = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(q, 1), T, 4);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -845,7 +843,8 @@ void tl_quantize16(const float *thresholds, const float *poly, const float *z, i
 
 /* For tests: over every `stride`-th float32 z (NaN aside), the lanes where quantize_fast16
    takes the guess's cell and that cell is not the thresholds' (quantize_x16's); stride 1 is
-   the proof that there are none. −1 in a build without that path. */
+   the proof that there are none (stride < 2^27: the bit patterns stay in 32 bits). −1 in a
+   build without that path. */
 int64_t tl_fast_cell_misses(const float *thresholds, int64_t stride) {
 #ifdef TL_AVX512
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -1092,6 +1091,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     int32_t e = J->prescaled ? span_exponent(x, J->filled) : 0;
     uint64_t key = tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s));
     float inv_sqrt = (float)(1.0 / sqrt((double)n));
+    int straight = straight_through(J);
 #ifdef TL_AVX512
     if (J->rotated && J->filled == n && n >= 32) { /* fewer passes: read x, prescale and flip in the first */
         const start_t S = {x, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, s + 1 < J->count ? x + J->filled : NULL};
@@ -1100,7 +1100,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
         fwht_avx512(buf, n, &S, &F);
     } else
 #endif
-    if (!straight_through(J)) {
+    if (!straight) {
         memcpy(buf, x, (size_t)J->filled * sizeof(float));
         memset(buf + J->filled, 0, (size_t)(n - J->filled) * sizeof(float));
         if (J->prescaled) scale_by(buf, J->filled, ldexpf(1.0f, -e));
@@ -1109,7 +1109,7 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
             fwht_scaled(buf, n, inv_sqrt);
         }
     }
-    const float *span = straight_through(J) ? x : buf; /* what the packets are coded from */
+    const float *span = straight ? x : buf; /* what the packets are coded from */
     float unit = ldexpf(1.0f, e);
     for (int64_t p = 0; p < packets_in_span(J); p++) {
         int64_t c = n - p * J->coords < J->coords ? n - p * J->coords : J->coords;
