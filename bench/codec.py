@@ -1,7 +1,8 @@
 """`trimlab bench codec`: NMSE of every codec at every kept size, next to theory, on
 Gaussian and heavy-tailed input; the encode+decode time over tensor.clone() time for the
 implementation in use (native kernels on CPU for the rotated codecs), the torch
-reference's time beside it, and whether both put the same bytes on the wire."""
+reference's time beside it, and whether both put the same bytes on the wire; sign_tail
+without its rotation too, which splits its ratio into the packing's and the butterflies'."""
 
 from __future__ import annotations
 
@@ -158,6 +159,23 @@ def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
     return out
 
 
+def without_rotation(numel: int, reps: int, seed: int, rotated: dict, threads: int = 1) -> dict:
+    """sign_tail's packing alone: the codec without its rotation (coded straight from the
+    input), timed as `roundtrip` times the codecs. Beside the rotated codec's figures (in
+    `rotated`) it splits the ratio into the packing's share and the butterflies'."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    codec = get_codec("sign_tail", rotate=False)
+    ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN, coords=min(wire.max_coords(codec, 1500), SPAN))
+    native.set_threads(threads)
+    try:
+        out = {"codec": "sign_tail", "rotate": False, "implementation": codec.implementation("cpu"),
+               **_medians(codec, x, ctx, reps)}
+    finally:
+        native.set_threads(1)
+    out["butterflies_over_clone"] = round(rotated["roundtrip_over_clone"] - out["roundtrip_over_clone"], 2)
+    return out
+
+
 def cuda(sizes: tuple[int, ...], reps: int, seed: int) -> dict:
     """The torch implementation on the GPU: its wire bytes against the CPU's (the native
     kernels where they code), its decoding of a trim against the CPU's, and its speed."""
@@ -203,6 +221,7 @@ def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu
         numel = 1 << (18 if quick else 20)
         table = nmse_table(numel, seed)
         rt = roundtrip(1 << 22, 5 if quick else 15, seed, threads)
+        unrotated = without_rotation(1 << 22, 5 if quick else 15, seed, rt["sign_tail"], threads)
     finally:
         torch.set_num_threads(torch_threads)
     emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]
@@ -215,4 +234,4 @@ def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu
     }
     return {"bench": "codec", "quick": quick, "numel_nmse": numel, "numel_roundtrip": 1 << 22,
             "span": SPAN, "threads": threads, "torch": torch.__version__, "nmse": table,
-            "roundtrip": rt, "targets": targets}
+            "roundtrip": rt, "sign_tail_without_rotation": unrotated, "targets": targets}

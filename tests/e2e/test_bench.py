@@ -29,6 +29,10 @@ def test_bench_codec_quick_prints_its_json():
         assert r["implementation"] == "native" and r["native_bytes_equal_torch"]
         assert r["torch_reference"]["encode_ms"] > 0 and r["speedup_over_torch"] > 0
     assert result["targets"]["native_bytes_equal_torch"]
+    bare = result["sign_tail_without_rotation"]  # the packing's share of sign_tail's ratio
+    assert bare["implementation"] == "native" and not bare["rotate"] and bare["roundtrip_over_clone"] > 0
+    assert bare["butterflies_over_clone"] == round(
+        result["roundtrip"]["sign_tail"]["roundtrip_over_clone"] - bare["roundtrip_over_clone"], 2)
 
 
 def test_bench_pcap_quick_compares_with_dpkt_and_tshark():

@@ -200,6 +200,21 @@ def test_the_kernels_ship_and_report_their_build():
     assert get_codec("embedded").implementation("meta") == "torch"  # other devices: the reference
 
 
+@pytest.mark.unit
+def test_encoded_packets_are_the_callers_own():
+    """The native encode hands out copies of the layout's cached skeleton: a caller that
+    edits its packets in place (as collectors and tests do) changes no later encode."""
+    codec = get_codec("embedded")
+    x, ctx = _inputs()["tail"]
+    first = codec.encode(x, ctx)
+    want = [getattr(first, f).clone() for f in ("span", "index", "coords", "length")]
+    for f in ("span", "index", "coords", "length"):
+        getattr(first, f).fill_(-3)
+    again = codec.encode(x, ctx)
+    assert all(torch.equal(getattr(again, f), w) for f, w in zip(("span", "index", "coords", "length"), want))
+    assert torch.equal(codec.decode(again, ctx, x.numel()).tensor, codec.decode(codec.encode(x, ctx), ctx, x.numel()).tensor)
+
+
 @pytest.mark.parametrize("impl", ["native", "torch"])
 @pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
 def test_decode_in_order_is_decode_of_what_came(monkeypatch, impl, name, params):
