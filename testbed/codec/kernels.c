@@ -426,32 +426,58 @@ static arrived_t planes_arrived(int k, int64_t c, int64_t len) {
    every float32 (Abramowitz–Stegun 7.1.26, |ε| ≤ 1.5e−7, with exp from a degree-6
    polynomial of 2^f, in float); truncated, within one of the exact count, which the
    comparisons then make exact (or, away from the cell's ends, the count itself). */
-static inline __m512 guess16_float(__m512 z) {
+/* n ≤ 4 independent registers at once, step by step: one register's chain of some thirty
+   dependent operations kept the quantizer waiting on latency (the FP scheduler holds
+   barely two of them), four interleaved keep the pipes busy. */
+static inline __attribute__((always_inline)) void guess16_floats(const __m512 *z, __m512 *g, int n) {
     const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
-    __m512 zc = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(-16.0f)), _mm512_set1_ps(16.0f));
-    __m512 x = _mm512_mul_ps(_mm512_abs_ps(zc), _mm512_set1_ps(0.408248290463863f)); /* |z|/√6 */
-    __m512 d = _mm512_fmadd_ps(x, _mm512_set1_ps(0.3275911f), one);
-    __m512 t = _mm512_rcp14_ps(d);
-    t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, two)); /* one Newton step: 1/d to ~1e−8 */
-    __m512 poly = _mm512_set1_ps(1.061405429f);
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-1.453152027f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(1.421413741f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-0.284496736f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(0.254829592f));
-    poly = _mm512_mul_ps(poly, t);
-    __m512 w = _mm512_mul_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(-1.4426950408889634f)); /* −x²·log2(e) */
-    __m512 n = _mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(w, n);
-    __m512 e = _mm512_set1_ps(1.5403530393381606e-4f); /* ln2^k / k!, k = 6 .. 1 */
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.618129107628477e-3f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.550410866482158e-2f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.2402265069591007f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.6931471805599453f));
-    e = _mm512_fmadd_ps(e, f, one);
-    __m512 half = _mm512_mul_ps(_mm512_mul_ps(poly, _mm512_scalef_ps(e, n)), _mm512_set1_ps(32768.0f));
-    return _mm512_mask_sub_ps(half, _mm512_cmp_ps_mask(zc, _mm512_setzero_ps(), _CMP_GE_OQ),
-                              _mm512_set1_ps(65536.0f), half);
+    __m512 zc[4], x[4], t[4], poly[4], n2[4], e[4];
+#define TL_EACH for (int k = 0; k < n; k++)
+#pragma GCC unroll 4
+    TL_EACH zc[k] = _mm512_min_ps(_mm512_max_ps(z[k], _mm512_set1_ps(-16.0f)), _mm512_set1_ps(16.0f));
+#pragma GCC unroll 4
+    TL_EACH x[k] = _mm512_mul_ps(_mm512_abs_ps(zc[k]), _mm512_set1_ps(0.408248290463863f)); /* |z|/√6 */
+#pragma GCC unroll 4
+    TL_EACH {
+        __m512 d = _mm512_fmadd_ps(x[k], _mm512_set1_ps(0.3275911f), one);
+        t[k] = _mm512_rcp14_ps(d);
+        t[k] = _mm512_mul_ps(t[k], _mm512_fnmadd_ps(d, t[k], two)); /* one Newton step: 1/d to ~1e−8 */
+    }
+#pragma GCC unroll 4
+    TL_EACH poly[k] = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t[k], _mm512_set1_ps(-1.453152027f));
+#pragma GCC unroll 4
+    TL_EACH poly[k] = _mm512_fmadd_ps(poly[k], t[k], _mm512_set1_ps(1.421413741f));
+#pragma GCC unroll 4
+    TL_EACH poly[k] = _mm512_fmadd_ps(poly[k], t[k], _mm512_set1_ps(-0.284496736f));
+#pragma GCC unroll 4
+    TL_EACH poly[k] = _mm512_fmadd_ps(poly[k], t[k], _mm512_set1_ps(0.254829592f));
+#pragma GCC unroll 4
+    TL_EACH poly[k] = _mm512_mul_ps(poly[k], t[k]);
+#pragma GCC unroll 4
+    TL_EACH {
+        __m512 w = _mm512_mul_ps(_mm512_mul_ps(x[k], x[k]), _mm512_set1_ps(-1.4426950408889634f)); /* −x²·log2(e) */
+        n2[k] = _mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        x[k] = _mm512_sub_ps(w, n2[k]); /* now f, the fraction */
+    }
+#pragma GCC unroll 4
+    TL_EACH e[k] = _mm512_fmadd_ps(_mm512_set1_ps(1.5403530393381606e-4f), x[k], _mm512_set1_ps(1.3333558146428443e-3f));
+#pragma GCC unroll 4
+    TL_EACH e[k] = _mm512_fmadd_ps(e[k], x[k], _mm512_set1_ps(9.618129107628477e-3f)); /* ln2^k / k!, k = 6 .. 1 */
+#pragma GCC unroll 4
+    TL_EACH e[k] = _mm512_fmadd_ps(e[k], x[k], _mm512_set1_ps(5.550410866482158e-2f));
+#pragma GCC unroll 4
+    TL_EACH e[k] = _mm512_fmadd_ps(e[k], x[k], _mm512_set1_ps(0.2402265069591007f));
+#pragma GCC unroll 4
+    TL_EACH e[k] = _mm512_fmadd_ps(e[k], x[k], _mm512_set1_ps(0.6931471805599453f));
+#pragma GCC unroll 4
+    TL_EACH e[k] = _mm512_fmadd_ps(e[k], x[k], one);
+#pragma GCC unroll 4
+    TL_EACH {
+        __m512 half = _mm512_mul_ps(_mm512_mul_ps(poly[k], _mm512_scalef_ps(e[k], n2[k])), _mm512_set1_ps(32768.0f));
+        g[k] = _mm512_mask_sub_ps(half, _mm512_cmp_ps_mask(zc[k], _mm512_setzero_ps(), _CMP_GE_OQ),
+                                  _mm512_set1_ps(65536.0f), half);
+    }
+#undef TL_EACH
 }
 
 static inline __m512i truncate16(__m512 g) {
@@ -462,7 +488,9 @@ static inline __m512i truncate16(__m512 g) {
 /* q16 of 16 values z (NaN already 0): the guess, then (T[q], T[q+1]) fetched as one 8-byte
    element and compared. */
 static inline __m512i quantize_x16(const float *T, __m512 z) {
-    __m512i q = truncate16(guess16_float(z));
+    __m512 g;
+    guess16_floats(&z, &g, 1);
+    __m512i q = truncate16(g);
     __m512i pa = _mm512_i32gather_epi64(_mm512_castsi512_si256(q), T, 4);
     __m512i pb = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(q, 1), T, 4);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -474,8 +502,17 @@ static inline __m512i quantize_x16(const float *T, __m512 z) {
     return _mm512_mask_add_epi32(q, _mm512_cmp_ps_mask(z, tq1, _CMP_GE_OQ), q, one);
 }
 
-static inline __m512 z_of(const float *y, __m512 vs, int ok) {
-    __m512 z = ok ? _mm512_div_ps(_mm512_loadu_ps(y), vs) : _mm512_setzero_ps();
+/* z for the guess as y·(1/σ): a multiplication where the exact z = y/σ is a division (a
+   register every 6 cycles or so here). 1/σ, the product and the quotient each round once
+   (relative error ≤ 2^−24, all three normal): product and quotient differ by less than
+   3.0000004·2^−24 of the smaller, which is under 3.0000004 of its float steps — at most 3
+   steps apart. So the product's cell is the quotient's unless a threshold lies within 3
+   steps of it, and `tl_threshold_neighbours_unambiguous` proves every float within 8 steps
+   of a threshold ambiguous (16 steps would not be). Below 2^−100, where roundings may be
+   subnormal and the error is not relative, every float's guess is ambiguous (a product
+   that small has z ≈ 0, a guess ≈ 2^15): `tl_fast_cell_misses` proves that too. */
+static inline __m512 z_times(const float *y, __m512 vr) {
+    __m512 z = _mm512_mul_ps(_mm512_loadu_ps(y), vr);
     return _mm512_mask_mov_ps(z, _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q), _mm512_setzero_ps());
 }
 
@@ -498,16 +535,26 @@ static inline __mmask16 ambiguous16(__m512 g) {
    encode (perf): gathers from a 256 KiB table are slow here, and 15 lanes in 16 need none. */
 static void quantize_fast16(const float *T, const float *y, int64_t c, float sigma, int ok, uint16_t *q,
                             int32_t *queue) {
-    const __m512 vs = _mm512_set1_ps(sigma);
+    /* the guess at y·(1/σ) where 1/σ is a normal float; otherwise (σ = 0 among them, where
+       every lane's guess is ambiguous anyway) every lane is queued */
+    int times = ok && sigma >= 0x1p-125f && sigma <= 0x1p125f;
+    const __mmask16 all = times ? 0 : 0xFFFF;
+    const __m512 vs = _mm512_set1_ps(sigma), vr = _mm512_set1_ps(times ? 1.0f / sigma : 0.0f);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t waiting = 0;
-    for (int64_t i = 0; i < c; i += 16) {
-        __m512 g = guess16_float(z_of(y + i, vs, ok));
-        __mmask16 amb = ambiguous16(g);
-        _mm256_storeu_si256((__m256i *)(q + i), _mm512_cvtepi32_epi16(truncate16(g)));
-        _mm512_storeu_si512(queue + waiting,
-                            _mm512_maskz_compress_epi32(amb, _mm512_add_epi32(lane, _mm512_set1_epi32((int)i))));
-        waiting += __builtin_popcount(amb);
+    for (int64_t i = 0; i < c;) {
+        int n = c - i >= 64 ? 4 : 1; /* c is a multiple of 16 */
+        __m512 z[4], g[4];
+        for (int k = 0; k < n; k++) z[k] = z_times(y + i + 16 * k, vr);
+        if (n == 4) guess16_floats(z, g, 4);
+        else guess16_floats(z, g, 1);
+        for (int k = 0; k < n; k++, i += 16) {
+            __mmask16 amb = ambiguous16(g[k]) | all;
+            _mm256_storeu_si256((__m256i *)(q + i), _mm512_cvtepi32_epi16(truncate16(g[k])));
+            _mm512_storeu_si512(queue + waiting,
+                                _mm512_maskz_compress_epi32(amb, _mm512_add_epi32(lane, _mm512_set1_epi32((int)i))));
+            waiting += __builtin_popcount(amb);
+        }
     }
     for (int64_t j = 0; j < waiting; j += 16) { /* lanes past `waiting`: z = 0, computed, not stored */
         __mmask16 live = waiting - j >= 16 ? 0xFFFF : (__mmask16)((1u << (waiting - j)) - 1);
@@ -842,9 +889,10 @@ void tl_quantize16(const float *thresholds, const float *poly, const float *z, i
 }
 
 /* For tests: over every `stride`-th float32 z (NaN aside), the lanes where quantize_fast16
-   takes the guess's cell and that cell is not the thresholds' (quantize_x16's); stride 1 is
-   the proof that there are none (stride < 2^27: the bit patterns stay in 32 bits). −1 in a
-   build without that path. */
+   would take the guess's cell and that cell is not the thresholds' (quantize_x16's), or
+   |z| < 2^−100 (where z_times' error bound does not hold); stride 1 is the proof that
+   there are none (stride < 2^27: the bit patterns stay in 32 bits). −1 in a build without
+   that path. */
 int64_t tl_fast_cell_misses(const float *thresholds, int64_t stride) {
 #ifdef TL_AVX512
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -855,14 +903,50 @@ int64_t tl_fast_cell_misses(const float *thresholds, int64_t stride) {
             __m512i bits = _mm512_add_epi32(_mm512_set1_epi32((int)b), _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)stride)));
             bits = _mm512_or_si512(_mm512_min_epu32(bits, last), _mm512_set1_epi32((int)(sign << 31)));
             __m512 z = _mm512_castsi512_ps(bits);
-            __m512 g = guess16_float(z);
-            __mmask16 wrong = _mm512_cmpneq_epi32_mask(truncate16(g), quantize_x16(thresholds, z));
+            __m512 g;
+            guess16_floats(&z, &g, 1);
+            __mmask16 wrong = _mm512_cmpneq_epi32_mask(truncate16(g), quantize_x16(thresholds, z)) |
+                              _mm512_cmp_ps_mask(_mm512_abs_ps(z), _mm512_set1_ps(0x1p-100f), _CMP_LT_OQ);
             misses += __builtin_popcount((unsigned)(wrong & (__mmask16)~ambiguous16(g)));
         }
     return misses;
 #else
     (void)thresholds;
     (void)stride;
+    return -1;
+#endif
+}
+
+/* For tests: of the floats w within `steps` float steps of a finite threshold, how many the
+   encoder would take as unambiguous (ambiguous16 false). 0 with steps = 8 is the proof
+   that the guess may start from y·(1/σ) (z_times). −1 in a build without that path. */
+int64_t tl_threshold_neighbours_unambiguous(const float *thresholds, int steps) {
+#ifdef TL_AVX512
+    int64_t taken = 0;
+    float w[16];
+    int filled = 0;
+    for (int64_t j = 1; j < (1 << QBITS); j++) {
+        float lo = thresholds[j], hi = thresholds[j];
+        for (int d = 0; d < steps; d++) {
+            lo = nextafterf(lo, -INFINITY);
+            hi = nextafterf(hi, INFINITY);
+        }
+        for (float v = lo;; v = nextafterf(v, INFINITY)) {
+            w[filled++] = v;
+            if (filled == 16 || v == hi) { /* (a partial last register repeats its lanes) */
+                for (int t = filled; t < 16; t++) w[t] = w[0];
+                __m512 z = _mm512_loadu_ps(w), g;
+                guess16_floats(&z, &g, 1);
+                taken += __builtin_popcount((unsigned)(__mmask16)~ambiguous16(g) & ((1u << filled) - 1));
+                filled = 0;
+            }
+            if (v == hi) break;
+        }
+    }
+    return taken;
+#else
+    (void)thresholds;
+    (void)steps;
     return -1;
 #endif
 }
