@@ -170,16 +170,16 @@ def test_span_keys_and_guess_agree_with_python(kernels):
 def test_the_quantizers_unambiguous_guess_is_exact_for_every_float(kernels):
     """AVX-512 builds take the guess's cell without the thresholds where the guess is far
     from the cell's ends: over every float32 that cell is the thresholds' own (a proof by
-    exhaustion, some seconds). They guess from y·(1/σ), within 8 float steps of y/σ: every
-    float that close to a threshold is ambiguous, so the product's cell is the quotient's
-    (and 1 000 steps is far enough for the check to find unambiguous ones). Builds
+    exhaustion, some seconds). They guess from y·(1/σ), at most 3 float steps from y/σ:
+    every float within 4 steps of a threshold is ambiguous, so the product's cell is the
+    quotient's (and 1 000 steps is far enough for the check to find unambiguous ones). Builds
     without the path say so with −1."""
     lib = native._lib()
     lib.tl_fast_cell_misses.restype = ctypes.c_int64
     lib.tl_threshold_neighbours_unambiguous.restype = ctypes.c_int64
     table = ctypes.c_void_p(thresholds().data_ptr())
     misses = lib.tl_fast_cell_misses(table, ctypes.c_int64(1))
-    near = [lib.tl_threshold_neighbours_unambiguous(table, ctypes.c_int(steps)) for steps in (8, 1000)]
+    near = [lib.tl_threshold_neighbours_unambiguous(table, ctypes.c_int(steps)) for steps in (4, 1000)]
     cpuinfo = Path("/proc/cpuinfo")
     flags = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
     avx512 = kernels == "avx512" or (kernels == "host" and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
