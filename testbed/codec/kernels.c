@@ -425,10 +425,10 @@ static arrived_t planes_arrived(int k, int64_t c, int64_t len) {
 /* 2^16·Φ(z/√3) = 2^15·erfc(−z/√6), less than 0.02 of a step outside the exact cell for
    every float32 (Abramowitz–Stegun 7.1.26, |ε| ≤ 1.5e−7, with exp from a degree-6
    polynomial of 2^f, in float); truncated, within one of the exact count, which the
-   comparisons then make exact (or, away from the cell's ends, the count itself). */
-/* n ≤ 4 independent registers at once, step by step: one register's chain of some thirty
+   comparisons then make exact (or, away from the cell's ends, the count itself). For n ≤ 4
+   independent registers at once, step by step: one register's chain of some thirty
    dependent operations kept the quantizer waiting on latency (the FP scheduler holds
-   barely two of them), four interleaved keep the pipes busy. */
+   barely two of them); four interleaved keep the pipes busy. */
 static inline __attribute__((always_inline)) void guess16_floats(const __m512 *z, __m512 *g, int n) {
     const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
     __m512 zc[4], x[4], t[4], poly[4], n2[4], e[4];
@@ -507,10 +507,10 @@ static inline __m512i quantize_x16(const float *T, __m512 z) {
    (relative error ≤ 2^−24, all three normal): product and quotient differ by less than
    3.0000004·2^−24 of the smaller, which is under 3.0000004 of its float steps — at most 3
    steps apart. So the product's cell is the quotient's unless a threshold lies within 3
-   steps of it, and `tl_threshold_neighbours_unambiguous` proves every float within 4 steps
-   of a threshold ambiguous (8 would not be, at this margin). Below 2^−100, where roundings may be
-   subnormal and the error is not relative, every float's guess is ambiguous (a product
-   that small has z ≈ 0, a guess ≈ 2^15): `tl_fast_cell_misses` proves that too. */
+   steps of it, and `tl_threshold_neighbours_unambiguous` proves every float within 4
+   steps of a threshold ambiguous (8 would not be, at this margin). Below 2^−100, where
+   roundings may be subnormal and the error is not relative, every float's guess is
+   ambiguous (z ≈ 0, a guess ≈ 2^15): `tl_fast_cell_misses` proves that too. */
 static inline __m512 z_times(const float *y, __m512 vr) {
     __m512 z = _mm512_mul_ps(_mm512_loadu_ps(y), vr);
     return _mm512_mask_mov_ps(z, _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q), _mm512_setzero_ps());
@@ -532,7 +532,7 @@ static inline __mmask16 ambiguous16(__m512 g) {
 /* q16 of c values (c a multiple of 16) into q: the guess's cell where unambiguous; the
    ambiguous lanes' indices queued (`queue`: c + 16 ints) and then quantized 16 at a time
    with the thresholds. A gather of (T[q], T[q+1]) for every lane was 45 % of embedded's
-   encode (perf): gathers from a 256 KiB table are slow here, and 15 lanes in 16 need none. */
+   encode (perf): gathers from a 256 KiB table are slow here, and 24 lanes in 25 need none. */
 static void quantize_fast16(const float *T, const float *y, int64_t c, float sigma, int ok, uint16_t *q,
                             int32_t *queue) {
     /* the guess at y·(1/σ) where 1/σ is a normal float; otherwise (σ = 0 among them, where
