@@ -209,17 +209,22 @@ def test_the_kernels_ship_and_report_their_build():
 
 @pytest.mark.unit
 def test_encoded_packets_are_the_callers_own():
-    """The native encode hands out copies of the layout's cached skeleton: a caller that
-    edits its packets in place (as collectors and tests do) changes no later encode."""
+    """The native encode hands out copies of the layout's cached skeleton, and decode of
+    its cached planes: a caller that edits them in place (as collectors and tests do)
+    changes no later encode or decode."""
     codec = get_codec("embedded")
     x, ctx = _inputs()["tail"]
+    fields = ("span", "index", "coords", "length")
     first = codec.encode(x, ctx)
-    want = [getattr(first, f).clone() for f in ("span", "index", "coords", "length")]
-    for f in ("span", "index", "coords", "length"):
+    want, decoded = [getattr(first, f).clone() for f in fields], codec.decode(first, ctx, x.numel())
+    planes = decoded.stats["planes"].clone()
+    for f in fields:
         getattr(first, f).fill_(-3)
+    decoded.stats["planes"].fill_(-3)  # (a decode's stats are the caller's too)
     again = codec.encode(x, ctx)
-    assert all(torch.equal(getattr(again, f), w) for f, w in zip(("span", "index", "coords", "length"), want))
-    assert torch.equal(codec.decode(again, ctx, x.numel()).tensor, codec.decode(codec.encode(x, ctx), ctx, x.numel()).tensor)
+    assert all(torch.equal(getattr(again, f), w) for f, w in zip(fields, want))
+    redecoded = codec.decode(again, ctx, x.numel())
+    assert torch.equal(redecoded.tensor, decoded.tensor) and torch.equal(redecoded.stats["planes"], planes)
 
 
 @pytest.mark.parametrize("impl", ["native", "torch"])
