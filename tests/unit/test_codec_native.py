@@ -153,7 +153,7 @@ def test_threads_give_the_same_bytes(kernels, monkeypatch):
 def test_span_keys_and_guess_agree_with_python(kernels):
     for args in [(0, 0, 0, 0), (1, 2, 3, 4), (2**64 - 1, 7, 2**40, 65535)]:
         assert native.span_key(*args) == rht.span_key(*args)
-    # the quantizer's guess (a cubic per cell, or erfc's approximation on AVX-512) is
+    # the quantizer's guess (a cubic per cell, or a polynomial per half-unit on AVX-512) is
     # corrected to the exact count everywhere: at every threshold, one float either side,
     # and densely between
     t = thresholds()[1:-1]
