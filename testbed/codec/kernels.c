@@ -493,10 +493,10 @@ static inline __m512i quantize_x16(const float *T, __m512 z) {
     return _mm512_mask_add_epi32(q, _mm512_cmp_ps_mask(z, tq1, _CMP_GE_OQ), q, one);
 }
 
-/* z for the guess as y·(1/σ): a multiplication where the exact z = y/σ is a division (a
-   register every 6 cycles or so here). 1/σ, the product and the quotient each round once
+/* z for the guess as y·(1/σ): a multiplication where the exact z = y/σ is a division
+   (several times its cost here). 1/σ, the product and the quotient each round once
    (relative error ≤ 2^−24, all three normal): product and quotient differ by less than
-   3.0000004·2^−24 of the smaller, which is under 3.0000004 of its float steps — at most 3
+   3.000001·2^−24 of the smaller, which is under 3.000001 of its float steps — at most 3
    steps apart. So the product's cell is the quotient's unless a threshold lies within 3
    steps of it, and `tl_threshold_neighbours_unambiguous` proves every float within 4
    steps of a threshold ambiguous (8 would not be, at this margin). Below 2^−100, where
