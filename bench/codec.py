@@ -133,23 +133,31 @@ def _wire_equal(a, b) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f).to(getattr(a, f).device)) for f in ("scale", "body", "length"))
 
 
-def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
-    """Per codec: the implementation in use, timed (its kernels on `threads` threads), the
-    torch reference timed alike on one thread (fewer repeats: it is slow), and the bytes."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+def _context(codec, seed: int) -> CodecContext:
+    """The timed buckets' context: spans of SPAN, packets as large as MTU 1500 allows."""
+    return CodecContext(seed=seed, step=1, bucket=0, span=SPAN, coords=min(wire.max_coords(codec, 1500), SPAN))
+
+
+def _timed_on(codec, x: torch.Tensor, ctx: CodecContext, reps: int, threads: int) -> dict:
+    """The implementation in use for `codec`, timed (its kernels on `threads` threads)."""
+    impl = codec.implementation("cpu")
+    native.set_threads(threads)
+    try:
+        return {"implementation": impl, "threads": threads if impl == "native" else 1,
+                **_medians(codec, x, ctx, reps)}
+    finally:
+        native.set_threads(1)
+
+
+def roundtrip(x: torch.Tensor, reps: int, seed: int, threads: int = 1) -> dict:
+    """Per codec: the implementation in use, timed, the torch reference timed alike on one
+    thread (fewer repeats: it is slow), and the bytes."""
     out = {}
     for name in CODECS:
         codec = get_codec(name)
-        ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN,
-                           coords=min(wire.max_coords(codec, 1500), SPAN))
-        impl = codec.implementation("cpu")
-        native.set_threads(threads)
-        try:
-            out[name] = {"implementation": impl, "threads": threads if impl == "native" else 1,
-                         **_medians(codec, x, ctx, reps)}
-        finally:
-            native.set_threads(1)
-        if impl == "native":
+        ctx = _context(codec, seed)
+        out[name] = _timed_on(codec, x, ctx, reps, threads)
+        if out[name]["implementation"] == "native":
             with _impl("torch"):
                 ref = _medians(codec, x, ctx, max(1, reps // 5))
             out[name]["torch_reference"] = ref
@@ -159,19 +167,12 @@ def roundtrip(numel: int, reps: int, seed: int, threads: int = 1) -> dict:
     return out
 
 
-def without_rotation(numel: int, reps: int, seed: int, rotated: dict, threads: int = 1) -> dict:
+def without_rotation(x: torch.Tensor, reps: int, seed: int, rotated: dict, threads: int = 1) -> dict:
     """sign_tail's packing alone: the codec without its rotation (coded straight from the
     input), timed as `roundtrip` times the codecs. Beside the rotated codec's figures (in
     `rotated`) it splits the ratio into the packing's share and the butterflies'."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
     codec = get_codec("sign_tail", rotate=False)
-    ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN, coords=min(wire.max_coords(codec, 1500), SPAN))
-    native.set_threads(threads)
-    try:
-        out = {"codec": "sign_tail", "rotate": False, "implementation": codec.implementation("cpu"),
-               **_medians(codec, x, ctx, reps)}
-    finally:
-        native.set_threads(1)
+    out = {"codec": "sign_tail", "rotate": False, **_timed_on(codec, x, _context(codec, seed), reps, threads)}
     out["butterflies_over_clone"] = round(rotated["roundtrip_over_clone"] - out["roundtrip_over_clone"], 2)
     return out
 
@@ -188,8 +189,7 @@ def cuda(sizes: tuple[int, ...], reps: int, seed: int) -> dict:
         rows = {}
         for name in CODECS:
             codec = get_codec(name)
-            ctx = CodecContext(seed=seed, step=1, bucket=0, span=SPAN,
-                               coords=min(wire.max_coords(codec, 1500), SPAN))
+            ctx = _context(codec, seed)
             here, there = codec.encode(x, ctx), codec.encode(xc, ctx)
             same = _wire_equal(here, there)
             cut = codec.body_bytes(ctx.coords) // 3
@@ -220,8 +220,9 @@ def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu
     try:
         numel = 1 << (18 if quick else 20)
         table = nmse_table(numel, seed)
-        rt = roundtrip(1 << 22, 5 if quick else 15, seed, threads)
-        unrotated = without_rotation(1 << 22, 5 if quick else 15, seed, rt["sign_tail"], threads)
+        x = torch.randn(1 << 22, generator=torch.Generator().manual_seed(seed))
+        rt = roundtrip(x, 5 if quick else 15, seed, threads)
+        unrotated = without_rotation(x, 5 if quick else 15, seed, rt["sign_tail"], threads)
     finally:
         torch.set_num_threads(torch_threads)
     emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]
