@@ -36,7 +36,7 @@ _REASON_COLUMN = np.array(REASONS, dtype=object)
 # the header's fields as rx.c parses them into columns (wire.HEADER_FIELDS, scale apart)
 FIELDS = ("magic", "version", "codec", "flags", "planes", "packet", "job", "step", "rank", "bucket",
           "span", "coords", "length")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-shared", "-fPIC"]  # trimlab.native adds the vector level this CPU runs
 # where rx.c reads each header field (wire.HEADER_DTYPE's names): checked when it loads
 _RX_C_OFFSETS = {"magic_version": 0, "codec_flags": 1, "planes": 2, "packet": 3, "job": 4, "step": 6, "rank": 10,
                  "bucket": 12, "span": 14, "coords": 16, "length": 18, "scale": 20}
@@ -73,7 +73,7 @@ class _Collector(ctypes.Structure):
 def _lib():
     if sys.byteorder != "little":
         raise native.BuildError("rx.c needs a little-endian host")
-    lib = ctypes.CDLL(str(native.build(resources.c_source("agents", "rx.c"), "gcc", FLAGS, "rx", ".so")))
+    lib, _ = native.load_library(resources.c_source("agents", "rx.c"), "rx", FLAGS)
     if lib.tl_rx_nfields() != len(FIELDS) or lib.tl_rx_collector_size() != ctypes.sizeof(_Collector):
         raise native.BuildError("rx.c and trimlab.agents.rx disagree on the header columns or the collector")
     offsets = {name: wire.HEADER_DTYPE.fields[name][1] for name in wire.HEADER_DTYPE.names}

@@ -99,6 +99,22 @@ def _kernel_checks() -> list[Check]:
     return checks
 
 
+def _codec_path() -> Check:
+    """Which codec path this CPU runs: the native kernels at their vector level, or torch."""
+    from trimlab import native
+    from trimlab.codec import native as kernels
+    from trimlab.errors import TrimlabError  # heavy (torch): only when doctor runs
+
+    levels = ", ".join(isa.name for isa in native.runnable())
+    try:
+        isa = kernels.isa()
+    except TrimlabError as exc:
+        return Check("codec path", False, f"torch reference ({exc})",
+                     "apt-get install gcc (or make setup); TRIMLAB_ISA, if set, must name one of " + levels,
+                     required=False)
+    return Check("codec path", True, f"native kernels, {isa.name}: {isa.title} (this CPU runs {levels})")
+
+
 def run_checks() -> list[Check]:
     checks = [Check("root", os.geteuid() == 0, f"euid {os.geteuid()}",
                     "run as root: the virtual rack creates namespaces and loads BPF")]
@@ -117,6 +133,7 @@ def run_checks() -> list[Check]:
     checks.append(Check("bpffs at /sys/fs/bpf", bpffs, "mounted" if bpffs else
                         "not mounted (rack up mounts it)", "mount -t bpf bpf /sys/fs/bpf",
                         required=False))
+    checks.append(_codec_path())
     if os.geteuid() == 0 and which("ip"):
         checks.extend(_kernel_checks())
     else:

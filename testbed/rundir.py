@@ -123,6 +123,8 @@ def versions() -> dict[str, str]:
 
     # what encodes on CPU hosts of this kind: the native kernels or the torch reference
     out["codec_cpu"] = "native" if native.mode() != "torch" and native.available() else "torch"
+    if out["codec_cpu"] == "native":  # and the vector path the kernels take on this CPU
+        out["codec_isa"] = native.isa().name
     return out
 
 

@@ -41,7 +41,8 @@ class _Job(ctypes.Structure):
 
 
 EMBEDDED, SIGN_TAIL, FP32, BF16 = 1, 2, 3, 4
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread"]
+# the vector level (-march) is added by trimlab.native for the CPU that runs the kernels
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread"]
 _threads = int(os.environ.get("TRIMLAB_CODEC_THREADS", "1") or 1)
 
 
@@ -60,12 +61,23 @@ def mode() -> str:
     return m
 
 
-@functools.lru_cache(maxsize=1)
 def _lib():
+    """The kernels for the level this CPU runs (or TRIMLAB_ISA's, where it asks for less)."""
+    return _lib_for(os.environ.get("TRIMLAB_ISA", ""))
+
+
+def isa() -> native.Isa:
+    """The vector path the native kernels take on this host."""
+    return native.ISAS[_lib()._trimlab_isa]
+
+
+@functools.lru_cache(maxsize=None)
+def _lib_for(cap: str):
     if sys.byteorder != "little":
         raise native.BuildError("the codec kernels need a little-endian host")
-    path = native.build(resources.c_source("codec", "kernels.c"), "gcc", FLAGS, "codec", ".so")
-    lib = ctypes.CDLL(str(path))
+    lib, built = native.load_library(resources.c_source("codec", "kernels.c"), "codec", FLAGS,
+                                     native.choose(cap=cap))
+    lib._trimlab_isa = built.name
     for fn in (lib.tl_encode_group, lib.tl_decode_group):
         fn.argtypes, fn.restype = [ctypes.POINTER(_Job), ctypes.c_int], ctypes.c_int
     lib.tl_span_key.argtypes = [ctypes.c_uint64] * 4

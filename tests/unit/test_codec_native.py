@@ -1,12 +1,10 @@
 """The native codec kernels (kernels.c) put the same bytes on the wire as the torch
-reference and decode every truncation to the same values — built with the host's vector
-units (AVX-512 with GFNI here), for AVX-512 without GFNI, for AVX2 only, and without any
-(the plain C path that hosts without AVX2 run)."""
+reference and decode every truncation to the same values — built for every vector level
+this CPU can run (AVX-512 with GFNI and VBMI, AVX-512, AVX2) and without any (the plain C
+path of other CPUs); levels the CPU cannot run are skipped, saying which features it lacks."""
 
 import ctypes
 import dataclasses
-import platform
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,25 +23,17 @@ IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items()) or 'default'}" for n, p
 FIELDS = ("span", "index", "coords", "scale", "body", "length")
 
 
-# builds for older x86-64 CPUs than this host's: AVX-512 without GFNI and VBMI, AVX2 only
-OLDER_X86 = {"avx512": "-march=skylake-avx512", "avx2": "-march=haswell"}
-
-
-@pytest.fixture(params=["host", *OLDER_X86, "plain"])
+@pytest.fixture(params=list(build.ISAS))
 def kernels(request, monkeypatch):
-    """The kernels as built for this host, for older x86-64 CPUs (each vector path the
-    host's build skips), and for a baseline x86-64/any CPU."""
-    if request.param != "host":
-        flags = [f for f in native.FLAGS if not f.startswith("-march")]
-        if request.param in OLDER_X86:
-            if platform.machine() not in ("x86_64", "AMD64"):
-                pytest.skip(f"the {request.param} build is for x86-64 hosts")
-            flags.append(OLDER_X86[request.param])
-        monkeypatch.setattr(native, "FLAGS", flags)
-        native._lib.cache_clear()
+    """The kernels built for each vector level (AVX-512 with GFNI and VBMI, AVX-512, AVX2,
+    plain C); a level this CPU cannot execute is skipped, never called."""
+    levels = [isa.name for isa in build.runnable()]
+    if request.param not in levels:
+        pytest.skip(f"this CPU cannot run the {request.param} kernels (it lacks "
+                    f"{' '.join(sorted(build.ISAS[request.param].needs - build.host_features()))})")
+    monkeypatch.setenv("TRIMLAB_ISA", request.param)
     monkeypatch.setenv("TRIMLAB_CODEC_IMPL", "native")
     yield request.param
-    native._lib.cache_clear()
 
 
 def _both(monkeypatch, fn):
@@ -180,9 +170,7 @@ def test_the_quantizers_unambiguous_guess_is_exact_for_every_float(kernels):
     table = ctypes.c_void_p(thresholds().data_ptr())
     misses = lib.tl_fast_cell_misses(table, ctypes.c_int64(1))
     near = [lib.tl_threshold_neighbours_unambiguous(table, ctypes.c_int(steps)) for steps in (4, 1000)]
-    cpuinfo = Path("/proc/cpuinfo")
-    flags = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
-    avx512 = kernels == "avx512" or (kernels == "host" and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
+    avx512 = kernels.startswith("avx512")
     assert misses == (0 if avx512 else -1)
     assert near[0] == (0 if avx512 else -1) and (near[1] > 0 if avx512 else near[1] == -1)
 
@@ -200,8 +188,8 @@ def test_the_finest_centroids_are_antisymmetric(unbiased):
 def test_the_kernels_ship_and_report_their_build():
     src = resources.c_source("codec", "kernels.c")
     assert src.is_file()
-    lib = ctypes.CDLL(str(build.build(src, "gcc", native.FLAGS, "codec", ".so")))
-    assert lib.tl_job_size() == ctypes.sizeof(native._Job)
+    lib, isa = build.load_library(src, "codec", native.FLAGS)
+    assert lib.tl_job_size() == ctypes.sizeof(native._Job) and isa == native.isa() == build.runnable()[0]
     assert get_codec("embedded").implementation("cpu") == "native"
     assert get_codec("bf16").implementation("cpu") == "native"
     assert get_codec("embedded").implementation("meta") == "torch"  # other devices: the reference
