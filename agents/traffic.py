@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 
-from trimlab.agents.transport import BUFFER_BYTES, Sender, family, set_tos
+from trimlab.agents.transport import BUFFER_BYTES, Pacer, Sender, family, set_max_pacing_rate, set_tos
 from trimlab.config import TRAFFIC_PORT, parse_rate
 
 
@@ -33,12 +33,18 @@ def _on_signal(*_):
     raise _Stop
 
 
+def _burst(rate_bps: float, size: int) -> int:
+    """A background flow holds its rate: it makes up to 20 ms of oversleeping (two
+    datagrams at least) back to back."""
+    return max(2 * size, int(rate_bps * 0.02 / 8))
+
+
 def send(a) -> dict:
     rate = parse_rate(a.rate)
     payload = b"\0" * a.size
     sent = 0
     if a.protocol == "udp":
-        tx = Sender(a.dst, a.port, a.dscp, rate_bps=rate)
+        tx = Sender(a.dst, a.port, a.dscp, rate_bps=rate, burst_bytes=_burst(rate, a.size))
 
         def emit() -> int:  # the Sender paces
             tx.send(payload)
@@ -47,13 +53,11 @@ def send(a) -> dict:
         sock = socket.socket(family(a.dst), socket.SOCK_STREAM)
         set_tos(sock, a.dscp)
         sock.connect((a.dst, a.port))
-        state = {"next": time.perf_counter()}
+        set_max_pacing_rate(sock, rate)
+        pacer = Pacer(rate, _burst(rate, a.size))
 
         def emit() -> int:  # pace the application writes; TCP does the rest
-            now = time.perf_counter()
-            if state["next"] > now:
-                time.sleep(state["next"] - now)
-            state["next"] = max(state["next"], now) + len(payload) * 8 / rate
+            pacer.wait(len(payload))
             sock.sendall(payload)
             return len(payload)
     end = time.monotonic() + a.duration if a.duration else float("inf")

@@ -56,10 +56,48 @@ def set_tos(sock: socket.socket, dscp: int, ecn: int = 0) -> None:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
 
 
+def set_max_pacing_rate(sock: socket.socket, rate_bps: float) -> None:
+    """Cap the socket's rate in the kernel (fq paces to it; other qdiscs ignore it)."""
+    so_max_pacing_rate = getattr(socket, "SO_MAX_PACING_RATE", 47)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, so_max_pacing_rate, min(int(rate_bps / 8), 2**32 - 1))
+    except OSError:
+        pass
+
+
 def _set_buffers(s: socket.socket, opt: int, size: int) -> int:
     """Ask for `size` bytes; the kernel caps it at net.core.[rw]mem_max. Returns what it gave."""
     s.setsockopt(socket.SOL_SOCKET, opt, size)
     return s.getsockopt(socket.SOL_SOCKET, opt)
+
+
+class Pacer:
+    """Paces a byte stream to `rate_bps` and keeps its deficit: when the process oversleeps
+    (on a busy host it often does), the bytes that fell due meanwhile go at once, so the
+    rate over any longer span is the one asked for. The make-up is bounded: at most
+    `burst_bytes` go back to back beyond the packet due (a gradient sender keeps that under
+    a switch buffer; a background flow may allow more to hold its rate); a sender further
+    behind forgets the rest (`forgotten_s`), and its delivered rate, which is measured,
+    falls short. `clock` and `sleep` are injectable for tests."""
+
+    def __init__(self, rate_bps: float, burst_bytes: int = 2 * 1500, clock=time.perf_counter, sleep=time.sleep):
+        if rate_bps <= 0:
+            raise ValueError(f"pacing rate {rate_bps} bit/s: must be positive")
+        self.rate_bps = float(rate_bps)
+        self.lag = burst_bytes * 8 / self.rate_bps  # how far behind the schedule it may catch up
+        self._clock, self._sleep = clock, sleep
+        self._next = clock()  # when the next byte is due
+        self.forgotten_s = 0.0  # time behind beyond the bound, given up
+
+    def wait(self, nbytes: int) -> None:
+        """Return when `nbytes` more may be sent."""
+        now = self._clock()
+        if self._next > now:
+            self._sleep(self._next - now)
+        elif self._next < now - self.lag:
+            self.forgotten_s += now - self.lag - self._next
+            self._next = now - self.lag
+        self._next += nbytes * 8 / self.rate_bps
 
 
 class Sender:
@@ -74,7 +112,8 @@ class Sender:
     and lab NICs segment in hardware, so the switch never sees a super-packet."""
 
     def __init__(self, dst: str, port: int = GRADIENT_PORT, dscp: int = 0, ecn: int = 0,
-                 rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES, bind: str | None = None):
+                 rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES, bind: str | None = None,
+                 burst_bytes: int = 2 * 1500):
         self.dst = (dst, port)
         self.sock = socket.socket(family(dst), socket.SOCK_DGRAM)
         self._name = _sockaddr(dst, port)  # sendmmsg's msg_name
@@ -83,18 +122,17 @@ class Sender:
         set_tos(self.sock, dscp, ecn)
         self.sndbuf = _set_buffers(self.sock, socket.SO_SNDBUF, sndbuf)
         self.rate_bps = rate_bps
+        self.pacer = Pacer(rate_bps, burst_bytes) if rate_bps else None
+        if rate_bps:
+            set_max_pacing_rate(self.sock, rate_bps)
         self.gso = True  # until the kernel says it cannot
-        self._next = time.perf_counter()
         self.sent = 0
         self.bytes = 0
         self._later: _SendThread | None = None
 
     def send(self, payload: bytes) -> None:
-        if self.rate_bps:
-            now = time.perf_counter()
-            if self._next > now:
-                time.sleep(self._next - now)
-            self._next = max(self._next, now) + len(payload) * 8 / self.rate_bps
+        if self.pacer:
+            self.pacer.wait(len(payload))
         self.sock.sendto(payload, self.dst)
         self.sent += 1
         self.bytes += len(payload)

@@ -326,9 +326,10 @@ def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. e
 
     try:
         experiment.run(spec, inventory, overrides, keep_rack, Path(runs), console=console)
-    except KeyboardInterrupt:
-        err_console.print("[red]interrupted:[/] agents stopped, rack taken down, run marked failed")
-        raise typer.Exit(1) from None
+    except KeyboardInterrupt as exc:
+        err_console.print(f"[red]{rundir.interrupted_reason(exc)}:[/] agents stopped, rack taken down, "
+                          "run marked interrupted")
+        raise typer.Exit(128 + getattr(exc, "signum", signal.SIGINT)) from None
 
 
 @app.command()
@@ -382,15 +383,18 @@ def demo(runs: str = typer.Option("runs", help="directory for run directories"))
 
 
 def main() -> None:
+    # SIGINT, SIGTERM and SIGHUP unwind every command alike: agents stopped, racks down
+    rundir.stop_signals_as_interrupt()
     try:
         app()
     except TrimlabError as exc:
         err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-
-
-if __name__ == "__main__":
-    main()
+    except SystemExit:
+        sig = rundir.received_signal()
+        if sig is not None:  # click turned the interrupt into "Aborted!", exit 1
+            sys.exit(128 + sig)
+        raise
 
 
 @wireshark_app.command("path")
@@ -408,3 +412,7 @@ def wireshark_install(folder: Path = typer.Option(None, "--dir", help="plugin fo
     target = wireshark.install(folder)
     console.print(f"installed {target}: Wireshark and tshark dissect trimlab packets from their next start "
                   "(filter: trimlab or trimlab_ctrl)")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ per-task progress and a per-host summary."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import shutil
@@ -185,6 +186,7 @@ def run(inventory: Path, profile: str = "default", check: bool = False, limit: s
                                 f"{CONNECT_TIMEOUT_S} -o ServerAliveInterval=5 -o ServerAliveCountMax=2",
             "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "cp"),  # per run: ends with the run
         }
+        cancel = threading.Event()
         live_ctx = None
         if console is not None:
             from rich.live import Live
@@ -195,14 +197,18 @@ def run(inventory: Path, profile: str = "default", check: bool = False, limit: s
                       extravars={"trimlab_rendered_dir": str(rendered), "trimlab_profile": profile,
                                  **(extravars or {})},
                       envvars=env, cmdline=cmdline or None, limit=limit, tags=tags,
-                      event_handler=progress, quiet=True, suppress_env_files=True)
-        if live_ctx is not None:
-            with live_ctx:
-                thread, runner = ansible_runner.run_async(**kwargs)
-                thread.join()
-        else:
+                      event_handler=progress, quiet=True, suppress_env_files=True,
+                      # ours, so that ansible-runner installs no SIGINT/SIGTERM handlers of its own
+                      # (they would outlive the playbook and swallow every later signal)
+                      cancel_callback=cancel.is_set)
+        with live_ctx or contextlib.nullcontext():
             thread, runner = ansible_runner.run_async(**kwargs)
-            thread.join()
+            try:
+                thread.join()
+            except BaseException:  # interrupted: the runner stops ansible-playbook, then we go on
+                cancel.set()
+                thread.join(timeout=60)
+                raise
         failures = progress.failures
         if runner.rc != 0 and not failures:  # Ansible itself failed (syntax, inventory...)
             tail = (runner.stdout.read() if runner.stdout else "").strip().splitlines()[-3:]

@@ -178,11 +178,15 @@ class RunDir:
         self.save()
 
     def finish(self, status: str, reason: str | None = None) -> None:
-        if status not in ("succeeded", "failed"):
+        if status not in ("succeeded", "failed", "interrupted"):
             raise ValueError(f"status {status!r}")
         self.manifest.update(status=status, reason=reason,
                              finished=dt.datetime.now(dt.timezone.utc).isoformat())
         self.save()
+
+    def enter_phase(self, name: str) -> None:
+        """The phase the run is in now (the manifest names it if the run is interrupted)."""
+        self.record(phase=name)
 
     def __enter__(self) -> "RunDir":
         return self
@@ -192,15 +196,48 @@ class RunDir:
             if self.manifest["status"] == "running":  # not already finished with a reason
                 self.finish("succeeded")
         elif isinstance(exc, KeyboardInterrupt):
-            self.finish("failed", "interrupted (Ctrl-C)")
+            self.finish("interrupted", interrupted_reason(exc, self.manifest.get("phase")))
         else:
             self.finish("failed", f"{type(exc).__name__}: {exc}")
         return False  # never swallow the exception
 
 
-def sigterm_as_interrupt() -> None:
-    """Make SIGTERM end a run the way Ctrl-C does (the manifest then says so)."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+# -- stop signals -------------------------------------------------------------------------------
 
-    signal.signal(signal.SIGTERM, handler)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) ended the work: unwinds like Ctrl-C, so every
+    `finally` stops agents and takes racks down; the process then exits 128 + signum."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+_received: list[int] = []
+
+
+def received_signal() -> int | None:
+    """The first stop signal this process received (None: none)."""
+    return _received[0] if _received else None
+
+
+def stop_signals_as_interrupt() -> None:
+    """Make SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread, once: the
+    first one unwinds, the ones after it are noted and ignored, so that clean-up finishes
+    (a supervisor's SIGKILL after its grace period is the only way to cut it short)."""
+    def handler(signum, frame):
+        _received.append(signum)
+        if len(_received) == 1:
+            raise Interrupted(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, handler)
+
+
+def interrupted_reason(exc: BaseException, phase: str | None = None) -> str:
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    name = signal.Signals(signum).name + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    return f"interrupted by {name}" + (f" during {phase}" if phase else "")

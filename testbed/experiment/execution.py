@@ -34,6 +34,7 @@ class Execution:
 
     @contextlib.contextmanager
     def phase(self, name: str):
+        self.run.enter_phase(name)
         t = time.monotonic()
         try:
             yield

@@ -25,7 +25,7 @@ from trimlab.experiment.placement import (
     packet_coords,
     place,
 )
-from trimlab.rundir import RunDir, sigterm_as_interrupt
+from trimlab.rundir import RunDir, interrupted_reason
 from trimlab.spec import ExperimentSpec, load_experiment
 from trimlab.vrack import rack as vrack
 
@@ -60,7 +60,6 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
         packet_coords(pt, int(lab.vars.get("data_mtu", 1500)) if lab else pt.rack.virtual.mtu)
         if lab is not None:
             place(lab, pt)
-    sigterm_as_interrupt()
     parent, sweep = runs_dir, None
     if len(points) > 1:  # the sweep's own directory and manifest; one run directory per point
         sweep = RunDir.create(runs_dir, spec)
@@ -112,8 +111,14 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
             _report(run_dir.path, console)
     except BaseException as exc:
         if sweep is not None:
-            sweep.finish("failed", "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
-                         else f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, KeyboardInterrupt):  # the point it was on, and those never started
+                names = [p.name for p in points]
+                sweep.record(points=[str(d.relative_to(parent)) for d in dirs],
+                             never_started=names[len(dirs):])
+                sweep.finish("interrupted", interrupted_reason(exc, f"point {len(dirs)} of {len(points)}"
+                                                                   if dirs else "bringing up the rack"))
+            else:
+                sweep.finish("failed", f"{type(exc).__name__}: {exc}")
         raise
     finally:
         if state is not None and not keep_rack:

@@ -155,8 +155,10 @@ class Synth:
         zero = {k: 0 for k in COUNTERS}
         after_ps = zero | {"TRIM_PKTS": trims, "TRIM_TX_PKTS": trims + self.switch_trim_error, "DROP_PKTS": drops}
         for name, ps_counters in (("before", zero), ("after", after_ps)):
-            doc = {"switch": ps_counters, "ports": {h["port"]: (ps_counters if h is PS else zero) for h in [*WORKERS, PS]},
-                   "queues": {}}
+            ports = {h["port"]: (ps_counters if h is PS else zero) for h in [*WORKERS, PS]}
+            # as the virtual switch counts them: per queue, the ports' sums (all in the gradients' queue 1)
+            doc = {"switch": ps_counters, "ports": ports,
+                   "queues": {p: [c if q == 1 else zero for q in range(8)] for p, c in ports.items()}}
             (path / "switch" / f"counters_{name}.json").write_text(json.dumps(doc))
         return path
 

@@ -124,8 +124,16 @@ def test_drop_counter_against_packets_never_received(tmp_path):
     s = Synth(trims=dict(TRIMS), drops=set(DROPS))
     run = RunData.open(s.write(tmp_path / "run"))
     doc = json.loads((run.path / "switch" / "counters_after.json").read_text())
-    doc["ports"]["Ethernet8"]["DROP_PKTS"] += 2
+    # drops on the control class (queue 5: parameters, sent again by the reliable channel)
+    # lose no gradient: they leave the check as it was
+    doc["ports"]["Ethernet8"]["DROP_PKTS"] += 3
+    doc["queues"]["Ethernet8"][5]["DROP_PKTS"] += 3
     (run.path / "switch" / "counters_after.json").write_text(json.dumps(doc))
-    chk = {c["check"]: c for c in match.match(run)[1]}
+    c = {c["check"]: c for c in match.match(RunData.open(run.path))[1]}["switch drops = never received (s-ps1)"]
+    assert c["status"] == match.AGREE and (c["expected"], c["observed"]) == (len(DROPS), len(DROPS))
+    doc["ports"]["Ethernet8"]["DROP_PKTS"] += 2  # two more in the gradients' queue: a disagreement
+    doc["queues"]["Ethernet8"][1]["DROP_PKTS"] += 2
+    (run.path / "switch" / "counters_after.json").write_text(json.dumps(doc))
+    chk = {c["check"]: c for c in match.match(RunData.open(run.path))[1]}
     c = chk["switch drops = never received (s-ps1)"]
     assert c["status"] == match.DISAGREE and (c["expected"], c["observed"]) == (len(DROPS) + 2, len(DROPS))

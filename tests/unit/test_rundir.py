@@ -45,24 +45,34 @@ def test_interrupt_is_recorded(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         with RunDir.create(tmp_path, spec()) as run:
             raise KeyboardInterrupt
-    assert manifest(run)["reason"] == "interrupted (Ctrl-C)"
+    assert manifest(run)["status"] == "interrupted"
+    assert manifest(run)["reason"] == "interrupted by SIGINT (Ctrl-C)"
 
 
-def test_sigterm_ends_a_run_as_interrupted(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stop_signal_ends_a_run_as_interrupted_in_its_phase(tmp_path, sig):
+    """The first signal unwinds; a second one during the clean-up is ignored, so the
+    clean-up (here: a `finally` that signals again, then writes a file) completes."""
     code = f"""
 import os, signal, time
-from trimlab.rundir import RunDir, sigterm_as_interrupt
+from trimlab.rundir import RunDir, stop_signals_as_interrupt
 from trimlab.spec import ExperimentSpec, validated
-sigterm_as_interrupt()
-with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})):
+stop_signals_as_interrupt()
+try:
+    with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})) as r:
+        r.enter_phase("training")
+        os.kill(os.getpid(), signal.{sig})
+        time.sleep(60)
+finally:
     os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(5)
+    open({str(tmp_path / "cleaned")!r}, "w").close()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0
-    (run,) = list(tmp_path.iterdir())
+    assert out.returncode != 0 and (tmp_path / "cleaned").exists(), out.stderr
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     m = json.loads((run / "manifest.json").read_text())
-    assert m["status"] == "failed" and m["reason"] == "interrupted (Ctrl-C)"
+    name = "SIGINT (Ctrl-C)" if sig == "SIGINT" else sig
+    assert m["status"] == "interrupted" and m["reason"] == f"interrupted by {name} during training"
 
 
 def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):

@@ -52,6 +52,59 @@ def test_pacing_holds_the_rate():
     assert time.perf_counter() - t0 >= 0.199  # paced: never faster (no upper bound: load only slows it)
 
 
+class OversleepingClock:
+    """A clock whose sleeps last `factor` times what was asked, plus `extra` seconds: a
+    process on a busy host."""
+
+    def __init__(self, factor=3.0, extra=0.002):
+        self.now, self.factor, self.extra = 100.0, factor, extra
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s * self.factor + self.extra
+
+
+@pytest.mark.parametrize("factor,extra", [(1.0, 0.0), (3.0, 0.002), (1.0, 0.004)])
+def test_a_pacer_that_oversleeps_still_delivers_its_rate(factor, extra):
+    """19 Mbit/s of 1 000-byte datagrams for 2 s of the clock: the old pacer (schedule from
+    `now` after each sleep) delivered 1/factor of the rate, or less with a late wake-up;
+    this one makes up what it overslept, so the bytes sent by any time are those due."""
+    from trimlab.agents.transport import Pacer
+    clock = OversleepingClock(factor, extra)
+    pacer = Pacer(19e6, burst_bytes=int(19e6 * 0.02 / 8), clock=clock, sleep=clock.sleep)  # as traffic's flows
+    start, sent = clock(), 0
+    while clock() - start < 2.0:
+        pacer.wait(1000)
+        sent += 1000
+    delivered = sent * 8 / (clock() - start)
+    assert 0.99 * 19e6 <= delivered <= 19e6 * 1.01 + 1000 * 8 / 2.0
+    assert pacer.forgotten_s == 0
+
+
+def test_a_pacer_never_bursts_more_than_its_bound():
+    """A sender stalled for a second sends at most the bound back to back (the packet due
+    now and `burst_bytes` behind it), and counts the time it gave up. Binary fractions of a
+    second keep the clock's arithmetic exact."""
+    from trimlab.agents.transport import Pacer
+    clock = OversleepingClock(1.0, 0.0)
+    pacer = Pacer(8 * 1024 * 1024, burst_bytes=10 * 1024, clock=clock, sleep=clock.sleep)  # 1 KiB: 1/1024 s
+    pacer.wait(1024)
+    clock.now += 1.0  # stalled
+    t, burst = clock(), 0
+    while True:
+        pacer.wait(1024)
+        if clock() != t:
+            break
+        burst += 1
+    assert burst == 11
+    assert pacer.forgotten_s == 1.0 - 1 / 1024 - 10 / 1024
+    assert Pacer(8e6).lag == 2 * 1500 * 8 / 8e6  # by default two full datagrams
+    with pytest.raises(ValueError, match="must be positive"):
+        Pacer(0)
+
+
 def test_bad_values():
     with pytest.raises(ValueError, match="dscp=64"):
         tos_byte(64)
