@@ -188,6 +188,12 @@ class RunDir:
         """The phase the run is in now (the manifest names it if the run is interrupted)."""
         self.record(phase=name)
 
+    def ended_in(self, name: str) -> None:
+        """The phase an exception (a failure, a signal) ended; the first one counts, not the
+        clean-up phases after it."""
+        if "ended_in" not in self.manifest:
+            self.record(ended_in=name)
+
     def __enter__(self) -> "RunDir":
         return self
 
@@ -196,7 +202,8 @@ class RunDir:
             if self.manifest["status"] == "running":  # not already finished with a reason
                 self.finish("succeeded")
         elif isinstance(exc, KeyboardInterrupt):
-            self.finish("interrupted", interrupted_reason(exc, self.manifest.get("phase")))
+            self.finish("interrupted", interrupted_reason(exc, self.manifest.get("ended_in",
+                                                                                self.manifest.get("phase"))))
         else:
             self.finish("failed", f"{type(exc).__name__}: {exc}")
         return False  # never swallow the exception

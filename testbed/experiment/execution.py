@@ -38,6 +38,9 @@ class Execution:
         t = time.monotonic()
         try:
             yield
+        except BaseException:
+            self.run.ended_in(name)
+            raise
         finally:
             self.phases[name] = round(time.monotonic() - t, 2)
 
