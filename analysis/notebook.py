@@ -156,7 +156,7 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         sw = res.get("switch") or {}
         sweep = m_path.parent.parent
         rows.append({"name": m.get("name", m_path.parent.name), "started": m.get("started"),
-                     "status": m.get("status"), "accuracy": res.get("test_acc"),
+                     "status": rundir.shown_status(m), "accuracy": res.get("test_acc"),
                      "trims": sw.get("TRIM_PKTS"), "drops": sw.get("DROP_PKTS"), "wall_s": res.get("wall_s"),
                      "sweep": sweep.name if (sweep / rundir.SWEEP_POINTS).exists() else None,
                      "path": str(m_path.parent)})

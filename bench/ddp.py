@@ -117,7 +117,7 @@ def run(quick: bool = False, rack_id: str = "bdd", models: list[str] | None = No
         raise ValueError(f"models {unknown}: choose from {', '.join(MODELS)}")
     rounds = 1 if quick else 3
     tmp = Path(tempfile.mkdtemp(prefix="trimlab-bench-ddp-"))
-    st = rack.up(rack.plan(rack_id, 4, 0, 1, "100mbit", 1500, 0))
+    st = rack.up(rack.plan(rack_id, 4, 0, 1, "100mbit", 1500, 0), owned=True)
     flow = None
     try:
         prof = load_profile("default")

@@ -33,7 +33,7 @@ def _rx_packets(ns: str) -> int:
 
 def run(quick: bool = False, rack_id: str = "bsw") -> dict:
     seconds, rounds = (0.5, 5) if quick else (1.0, 11)
-    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", 1500, 0))
+    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", 1500, 0), owned=True)
     sink = None
     try:
         sw = st.vswitch()

@@ -119,7 +119,7 @@ def receive(cfg: AgentConfig, steps: int) -> dict:
 
 def run(quick: bool = False, rack_id: str = "btr") -> dict:
     seconds, rounds = (1.0, 3) if quick else (3.0, 5)
-    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", MTU, 0))
+    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", MTU, 0), owned=True)
     procs: list[subprocess.Popen] = []
     try:
         sw = st.vswitch()

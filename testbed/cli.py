@@ -161,8 +161,16 @@ def rack_status(rack_id: str = RACK_ID, as_json: bool = typer.Option(False, "--j
 
 @rack_app.command("down")
 def rack_down(rack_id: str = RACK_ID,
-              everything: bool = typer.Option(False, "--all", help="remove every tl* object, state file or not")):
+              everything: bool = typer.Option(False, "--all", help="remove every tl* object, state file or not"),
+              stale: bool = typer.Option(False, "--stale", help="remove every rack whose owner is gone "
+                                                             "(never one whose owner lives)")):
     """Take a rack down; nothing of it remains."""
+    if stale:
+        gone = rack.reclaim()
+        for rid, why in gone.items():
+            console.print(f"rack {rid} reclaimed: {why}")
+        console.print(f"{len(gone)} stale rack(s) reclaimed")
+        return
     if everything:
         ids = rack.down_all()
         console.print(f"removed every tl* namespace, link and pin (racks: {', '.join(ids) or 'none recorded'})")
@@ -324,6 +332,9 @@ def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. e
     """Run an experiment (every point of its sweep): rack, provisioning, agents, artifacts."""
     from trimlab import experiment  # heavy (torch, pandas): only for this command
 
+    for rid, why in rack.stale().items():
+        err_console.print(f"[yellow]warning:[/] stale rack {rid} ({why}): `trimlab rack down --stale` "
+                          "removes it", highlight=False)
     try:
         experiment.run(spec, inventory, overrides, keep_rack, Path(runs), console=console)
     except KeyboardInterrupt as exc:

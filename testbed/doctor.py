@@ -115,6 +115,16 @@ def _codec_path() -> Check:
     return Check("codec path", True, f"native kernels, {isa.name}: {isa.title} (this CPU runs {levels})")
 
 
+def _stale_racks() -> Check:
+    """Racks left behind by a killed or crashed run (their owner is gone)."""
+    from trimlab.vrack import rack
+
+    found = rack.stale()
+    return Check("stale racks", not found,
+                 "; ".join(f"{rid}: {why}" for rid, why in found.items()) or "none",
+                 "trimlab rack down --stale  (removes only racks whose owner is gone)", required=False)
+
+
 def run_checks() -> list[Check]:
     checks = [Check("root", os.geteuid() == 0, f"euid {os.geteuid()}",
                     "run as root: the virtual rack creates namespaces and loads BPF")]
@@ -134,6 +144,7 @@ def run_checks() -> list[Check]:
                         "not mounted (rack up mounts it)", "mount -t bpf bpf /sys/fs/bpf",
                         required=False))
     checks.append(_codec_path())
+    checks.append(_stale_racks())
     if os.geteuid() == 0 and which("ip"):
         checks.extend(_kernel_checks())
     else:

@@ -162,6 +162,7 @@ class RunDir:
             "git_revision": _git_revision(),
             "command": sys.argv,
             "pid": os.getpid(),
+            "owner": owner(),
         }
         run = cls(path, manifest)
         run.save()
@@ -207,6 +208,51 @@ class RunDir:
         else:
             self.finish("failed", f"{type(exc).__name__}: {exc}")
         return False  # never swallow the exception
+
+
+# -- owners: is the process that holds a run (or a rack) still there? ---------------------------
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot): with its PID and the boot id it
+    names the process, however the PID is reused later."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def owner(pid: int | None = None) -> dict:
+    """This process (or `pid`) as an owner record: PID, its start time and the boot id."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start": _start_ticks(pid), "boot_id": _boot_id()}
+
+
+def owner_alive(rec: dict | None) -> bool:
+    """Whether the owner a record names still runs (on this boot, the same process)."""
+    if not rec or not rec.get("pid"):
+        return False
+    if rec.get("boot_id") != _boot_id():
+        return False
+    start = _start_ticks(int(rec["pid"]))
+    return start is not None and (rec.get("start") is None or start == rec["start"])
+
+
+def shown_status(manifest: dict) -> str | None:
+    """A manifest's status as a reader should see it: a run still "running" whose owner
+    is gone (SIGKILL, a crash, a reboot) died."""
+    status = manifest.get("status")
+    if status == "running" and "owner" in manifest and not owner_alive(manifest["owner"]):
+        return "died"
+    return status
 
 
 # -- stop signals -------------------------------------------------------------------------------

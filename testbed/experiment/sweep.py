@@ -80,7 +80,7 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
                 if console is not None:
                     shape = f" on {f.leaves} leaves and {f.spines} spines" if f else ""
                     console.print(f"bringing up virtual rack {rid} ({v.workers} workers, {v.rate}{shape})")
-                state, key, provisioned = vrack.up(st), _rack_key(pt), False
+                state, key, provisioned = vrack.up(st, owned=True), _rack_key(pt), False
             inventory_path = Path(inventory) if lab is not None else state.inventory
             rack = lab or inv.load(inventory_path)
             placement = place(rack, pt)

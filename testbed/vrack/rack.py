@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from trimlab import rundir
 from trimlab.config import parse_rate
 from trimlab.errors import SpecError, TrimlabError
 from trimlab.vrack import vswitch
@@ -101,6 +102,9 @@ class RackState:
     spines: int = 0
     uplink_rate_bps: int = 0
     uplinks: list[Uplink] = field(default_factory=list)
+    # the process that takes the rack down when it is done (`trimlab run`, a bench); None
+    # for a rack left up on purpose (`trimlab rack up`), which never goes stale
+    owner: dict | None = None
 
     @property
     def dir(self) -> Path:
@@ -420,8 +424,10 @@ def _program(st: RackState, sw: Host) -> None:
     st.vswitch(sw.name).write(cfg)
 
 
-def up(st: RackState) -> RackState:
-    """Build everything in `st`; on any failure, take down what was built."""
+def up(st: RackState, owned: bool = False) -> RackState:
+    """Build everything in `st`; on any failure, take down what was built. `owned`: this
+    process takes it down when done, so once the process is gone the rack is stale."""
+    st.owner = rundir.owner() if owned else None
     st.save()  # first, so that `down` finds a half-built rack
     try:
         _keys(st)
@@ -629,6 +635,41 @@ def down(st: RackState) -> None:
     vswitch.unpin(st.pin_dir)
     if st.dir.exists():
         shutil.rmtree(st.dir, ignore_errors=True)
+
+
+def stale() -> dict[str, str]:
+    """Racks whose owner is gone (killed, crashed, rebooted) and tl* namespaces that no
+    rack's state file names: rack id -> why. Racks whose owner lives, and racks left up
+    on purpose, are not in it."""
+    out = {}
+    ids = list_ids()
+    for rid in ids:
+        try:
+            st = RackState.load(rid)
+        except (RackError, ValueError, TypeError, KeyError):
+            out[rid] = "its state file cannot be read"
+            continue
+        if st.owner and not rundir.owner_alive(st.owner):
+            out[rid] = f"its owner, process {st.owner.get('pid')}, is gone"
+    for ns in _netns_list():
+        m = re.match(r"tl([a-z0-9]{1,6})-", ns)
+        if m and m.group(1) not in ids:
+            out.setdefault(m.group(1), "namespaces with no rack state (a rack killed while it was built or taken down)")
+    return out
+
+
+def reclaim() -> dict[str, str]:
+    """Take down every stale rack (see stale()), nothing else; returns what it removed."""
+    found = stale()
+    for rid in found:
+        try:
+            down(RackState.load(rid))
+        except (RackError, ValueError, TypeError, KeyError):
+            _kill_pidfiles(racks_dir() / rid / "run")
+            _remove(f"tl{rid}-")
+            vswitch.unpin(BPF_ROOT / f"tl{rid}")
+            shutil.rmtree(racks_dir() / rid, ignore_errors=True)
+    return found
 
 
 def down_all() -> list[str]:

@@ -146,3 +146,41 @@ def test_bench_transport_signalled_takes_its_rack_down():
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert json.loads(out or "null") is None  # no half result printed as if complete
     assert_nothing_of("btr")
+
+
+def test_sigkill_leaves_a_died_run_and_a_stale_rack_that_reclaim_removes_alone(tmp_path):
+    """SIGKILL cannot be handled: the run shows as `died` (never `running`), doctor and the
+    next run name the stale rack, and `rack down --stale` removes it — and not a rack whose
+    owner lives, nor one left up on purpose."""
+    from trimlab.vrack import rack
+    spec = write_spec(tmp_path, name="killed", workload={"kind": "digits", "model": "mlp", "steps": 5000,
+                                                          "batch": 32, "lr": 0.1, "momentum": 0.9})
+    runs = tmp_path / "runs"
+    kept = [rack.up(rack.plan(new_id(), 1, 0, 0, "100mbit", 1500, 0), owned=True),  # owner: this process
+            rack.up(rack.plan(new_id(), 1, 0, 0, "100mbit", 1500, 0))]  # `rack up`: no owner
+    proc = subprocess.Popen([TRIMLAB, "run", str(spec), "--runs", str(runs)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_dir = wait_for(lambda: _phase(runs, "training", step=3), proc, "training")
+        rack_id = manifest(run_dir)["rack_id"]
+        proc.kill()
+        proc.communicate(timeout=60)
+        assert manifest(run_dir)["status"] == "running"  # as the killed process left it
+        listing = subprocess.run([TRIMLAB, "runs", str(runs)], capture_output=True, text=True, cwd=ROOT)
+        assert "died" in listing.stdout and "running" not in listing.stdout, listing.stdout
+        assert rack_id in rack.stale() and not {k.id for k in kept} & set(rack.stale())
+        doctor = json.loads(subprocess.run([TRIMLAB, "doctor", "--json"], capture_output=True, text=True,
+                                           cwd=ROOT).stdout)
+        check = next(c for c in doctor if c["name"] == "stale racks")
+        assert not check["ok"] and rack_id in check["detail"]
+        out = subprocess.run([TRIMLAB, "rack", "down", "--stale"], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0 and f"rack {rack_id} reclaimed" in out.stdout, out.stdout + out.stderr
+        assert_nothing_of(rack_id)
+        for k in kept:
+            assert leftovers(k.id)["namespaces"] and rack_processes(k.id)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for k in kept:
+            rack.down(k)

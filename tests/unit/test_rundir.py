@@ -80,3 +80,19 @@ def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):
     a = RunDir.create(tmp_path, spec(), now=now)
     b = RunDir.create(tmp_path, spec(), now=now)
     assert a.path != b.path and b.path.name == "20261202T180000Z-demo-2"
+
+
+def test_a_running_run_whose_owner_is_gone_shows_as_died():
+    from trimlab import rundir
+    me = rundir.owner()
+    assert rundir.owner_alive(me)
+    assert rundir.shown_status({"status": "running", "owner": me}) == "running"
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = rundir.owner(child.pid)
+    child.wait()  # reaped: the PID names no process
+    assert not rundir.owner_alive(gone)
+    assert rundir.shown_status({"status": "running", "owner": gone}) == "died"
+    assert not rundir.owner_alive(me | {"start": me["start"] + 1})  # a reused PID is another process
+    assert not rundir.owner_alive(me | {"boot_id": "another boot"})
+    assert rundir.shown_status({"status": "interrupted", "owner": gone}) == "interrupted"
+    assert rundir.shown_status({"status": "running"}) == "running"  # an old manifest: unknown owner
