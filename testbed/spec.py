@@ -172,6 +172,9 @@ class TrimProfile(BaseModel):
         for q in self.eligible_queues:
             if not 0 <= q <= 7:
                 raise SpecError(f"eligible_queues: {q} is not a queue/traffic class 0..7")
+        if self.queue in self.eligible_queues:  # SONiC's BUFFER_QUEUE would name PORT|q twice
+            raise SpecError(f"queue={self.queue} is also in eligible_queues {self.eligible_queues}: trimmed "
+                            "packets need a queue of their own (its own budget); pick one outside eligible_queues")
         if self.dscp == "from-tc":
             if self.trim_tc is None or not self.port_dscp:
                 raise SpecError("dscp=from-tc needs trim_tc (0..7) and port_dscp "

@@ -71,6 +71,8 @@ def test_target_limits_name_field_target_and_range(target, kw, msg):
     ({"eligible_queues": [8]}, "eligible_queues: 8 is not a queue"),
     ({"exempt_sources": ["nope"]}, "exempt_sources: 'nope' is not an IP prefix"),
     ({"dscp_to_tc": {70: 1}}, "dscp_to_tc: 70: 1 must map"),
+    # SONiC's BUFFER_QUEUE would hold Ethernet0|1 twice, and the trimmed packets' (dropping) profile win
+    ({"queue": 1, "eligible_queues": [1, 2]}, r"queue=1 is also in eligible_queues \[1, 2\]: trimmed packets need"),
 ])
 def test_profile_model_errors(kw, msg):
     with pytest.raises(SpecError, match=msg):
