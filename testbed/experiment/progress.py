@@ -51,8 +51,12 @@ def summary(name: str, r: dict, path) -> str:
     sw = r.get("switch", {})
     ps = r.get("ps", {})
     acc = r.get("test_acc")
+    # said, not assumed: a point meant to congest a port that trimmed and dropped nothing
+    calm = " [yellow](no congestion: no port trimmed or dropped)[/]" if sw and not (
+        sw.get("TRIM_PKTS") or sw.get("DROP_PKTS")) else ""
     return (f"[green]run {name} succeeded[/] in {r['wall_s']:.1f} s: test accuracy "
-            f"{'-' if acc is None else format(acc, '.3f')}, switch trims {sw.get('TRIM_PKTS', '-')}, drops {sw.get('DROP_PKTS', '-')}, "
+            f"{'-' if acc is None else format(acc, '.3f')}, switch trims {sw.get('TRIM_PKTS', '-')}, "
+            f"drops {sw.get('DROP_PKTS', '-')}{calm}, "
             f"ps saw {ps.get('trimmed', '-')} trimmed of {ps.get('received', '-')} packets "
             f"({ps.get('missing', '-')} missing); parameters identical: {r['parameters_identical']}\n"
             f"  {path}")

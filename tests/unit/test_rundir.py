@@ -96,3 +96,12 @@ def test_a_running_run_whose_owner_is_gone_shows_as_died():
     assert not rundir.owner_alive(me | {"boot_id": "another boot"})
     assert rundir.shown_status({"status": "interrupted", "owner": gone}) == "interrupted"
     assert rundir.shown_status({"status": "running"}) == "running"  # an old manifest: unknown owner
+
+
+def test_a_run_summary_says_when_no_port_was_congested():
+    from trimlab.experiment import progress
+    base = {"wall_s": 1.0, "test_acc": 0.9, "parameters_identical": True, "ps": {}}
+    calm = progress.summary("p", base | {"switch": {"TRIM_PKTS": 0, "DROP_PKTS": 0}}, "runs/p")
+    assert "no congestion: no port trimmed or dropped" in calm
+    busy = progress.summary("p", base | {"switch": {"TRIM_PKTS": 5, "DROP_PKTS": 0}}, "runs/p")
+    assert "no congestion" not in busy and "switch trims 5" in busy
