@@ -46,6 +46,8 @@ def send(a) -> dict:
     if a.protocol == "udp":
         tx = Sender(a.dst, a.port, a.dscp, rate_bps=rate, burst_bytes=_burst(rate, a.size))
 
+        pacer = tx.pacer
+
         def emit() -> int:  # the Sender paces
             tx.send(payload)
             return len(payload)
@@ -62,7 +64,9 @@ def send(a) -> dict:
             return len(payload)
     end = time.monotonic() + a.duration if a.duration else float("inf")
     on = True
-    phase_end = time.monotonic() + (a.on_ms / 1e3 if a.pattern == "on_off" else float("inf"))
+    on_at = time.monotonic()
+    on_s = 0.0  # the time the flow was on: what its rate is measured over
+    phase_end = on_at + (a.on_ms / 1e3 if a.pattern == "on_off" else float("inf"))
     _event(event="on", rate_bps=rate, dscp=a.dscp, protocol=a.protocol)
     try:
         while time.monotonic() < end:
@@ -70,6 +74,11 @@ def send(a) -> dict:
             if now >= phase_end:
                 on = not on
                 phase_end = now + (a.on_ms if on else a.off_ms) / 1e3
+                if on:  # the off phase was asked for: no deficit to make up
+                    on_at = now
+                    pacer.restart()
+                else:
+                    on_s += now - on_at
                 _event(event="on" if on else "off")
             if on:
                 sent += emit()
@@ -77,8 +86,11 @@ def send(a) -> dict:
                 time.sleep(min(0.005, max(0.0, phase_end - now)))
     except (_Stop, BrokenPipeError, ConnectionResetError):
         pass
+    if on:
+        on_s += time.monotonic() - on_at
     _event(event="off")
-    return {"event": "summary", "role": "send", "bytes": sent}
+    return {"event": "summary", "role": "send", "bytes": sent, "on_s": round(on_s, 6), "rate_bps": rate,
+            "offered_bps": round(sent * 8 / on_s) if on_s > 0 else 0}
 
 
 def sink(a) -> dict:

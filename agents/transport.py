@@ -89,6 +89,10 @@ class Pacer:
         self._next = clock()  # when the next byte is due
         self.forgotten_s = 0.0  # time behind beyond the bound, given up
 
+    def restart(self) -> None:
+        """A new schedule from now (after a pause that is no deficit, e.g. an off phase)."""
+        self._next = self._clock()
+
     def wait(self, nbytes: int) -> None:
         """Return when `nbytes` more may be sent."""
         now = self._clock()

@@ -427,12 +427,39 @@ def gloo_checks(run: RunData) -> list[dict]:
 
 # -- the files ----------------------------------------------------------------------------------
 
+LOAD_TOLERANCE = 0.03  # a background flow offers at least 97 % of the rate it was asked for
+
+
+def load_checks(run: RunData) -> list[dict]:
+    """Each background flow's offered load (its sender's bytes over the time it was on)
+    against the rate the spec asked for: a flow that fell short disagrees, saying by how much."""
+    out = []
+    for i, flow in enumerate(run.spec.get("congestion", {}).get("background", []) or []):
+        got = run.background_load.get(i)
+        name = f"offered load = requested (flow {i})"
+        if got is None:
+            out.append(_check(name, f"traffic{i} log", flow.get("rate"), "none", DISAGREE,
+                              f"flow {i} left no summary: its sender did not finish (see logs/*-traffic{i}.log)"))
+            continue
+        asked, offered = float(got["rate_bps"]), float(got["offered_bps"])
+        ok = offered >= (1 - LOAD_TOLERANCE) * asked
+        out.append(_check(name, f"traffic{i} sender (bytes over {got['on_s']:.2f} s on)", _mbit(asked), _mbit(offered),
+                          AGREE if ok else DISAGREE,
+                          f"flow {i} offered {_mbit(offered)} of {_mbit(asked)} Mbit/s "
+                          f"({offered / asked:.1%}; tolerance {LOAD_TOLERANCE:.0%})" if asked else "no rate"))
+    return out
+
+
+def _mbit(bps: float) -> float:
+    return round(bps / 1e6, 2)
+
+
 def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
     wl = run.spec.get("workload", {})
     if wl.get("kind") == "ddp" and wl.get("comm") == "gloo":
-        return pd.DataFrame(columns=COLUMNS), gloo_checks(run)
+        return pd.DataFrame(columns=COLUMNS), gloo_checks(run) + load_checks(run)
     rows, side = packet_table(run)
-    return rows, checks(run, rows, side)
+    return rows, checks(run, rows, side) + load_checks(run)
 
 
 def write(run_dir: str | Path) -> tuple[pd.DataFrame, list[dict]]:

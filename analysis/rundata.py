@@ -224,6 +224,25 @@ class RunData:
         return sorted(rundir.truth_key(f.name) for f in (self.path / rundir.TRUTH).glob(rundir.TRUTH_GLOB))
 
     @cached_property
+    def background_load(self) -> dict[int, dict]:
+        """Each background flow's closing summary (sender side), by flow index: the rate
+        asked (rate_bps), bytes, the time it was on (on_s) and what it offered (offered_bps)."""
+        out = {}
+        for log in sorted((self.path / rundir.LOGS).glob(rundir.log_file("*", "traffic*"))):
+            flow = log.stem.rsplit("traffic", 1)[-1]
+            if not flow.isdigit():
+                continue
+            for line in log.read_text().splitlines():
+                if line.startswith("{") and '"summary"' in line:
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue
+                    if ev.get("role") == "send" and "offered_bps" in ev:
+                        out[int(flow)] = ev
+        return out
+
+    @cached_property
     def traffic_events(self) -> pd.DataFrame:
         """Background flows switching on and off: t (s, epoch), flow, event."""
         rows = []

@@ -55,9 +55,14 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
     finals = {d.name: json.loads((d / rundir.FINAL).read_text())
               for d in agents.iterdir() if (d / rundir.FINAL).exists()} if agents.exists() else {}
     out: dict = {"wall_s": round(time.monotonic() - t0, 2), "steps": steps}
-    counters = RunData.open(run.path).counters  # every switch of the run, summed
+    data = RunData.open(run.path)
+    counters = data.counters  # every switch of the run, summed
     if counters is not None:
         out["switch"] = counters["switch"]
+    if data.background_load:  # what each background flow offered, against what it was asked
+        out["background"] = {str(i): {"requested_bps": f["rate_bps"], "offered_bps": f["offered_bps"],
+                                      "on_s": f["on_s"], "ratio": round(f["offered_bps"] / f["rate_bps"], 4)}
+                             for i, f in sorted(data.background_load.items()) if f.get("rate_bps")}
     for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
         if w.name not in finals and rank in script_results and script_results[rank].checksum:
             done = script_results[rank]

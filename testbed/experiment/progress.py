@@ -13,6 +13,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from trimlab.analysis.match import LOAD_TOLERANCE
 from trimlab.experiment.monitor import Training
 
 
@@ -54,9 +55,12 @@ def summary(name: str, r: dict, path) -> str:
     # said, not assumed: a point meant to congest a port that trimmed and dropped nothing
     calm = " [yellow](no congestion: no port trimmed or dropped)[/]" if sw and not (
         sw.get("TRIM_PKTS") or sw.get("DROP_PKTS")) else ""
+    short = "".join(f"\n  [yellow]flow {i} offered {b['offered_bps'] / 1e6:.1f} of {b['requested_bps'] / 1e6:.1f} "
+                    f"Mbit/s ({b['ratio']:.0%}): the load fell short of the request[/]"
+                    for i, b in r.get("background", {}).items() if b["ratio"] < 1 - LOAD_TOLERANCE)
     return (f"[green]run {name} succeeded[/] in {r['wall_s']:.1f} s: test accuracy "
             f"{'-' if acc is None else format(acc, '.3f')}, switch trims {sw.get('TRIM_PKTS', '-')}, "
             f"drops {sw.get('DROP_PKTS', '-')}{calm}, "
             f"ps saw {ps.get('trimmed', '-')} trimmed of {ps.get('received', '-')} packets "
-            f"({ps.get('missing', '-')} missing); parameters identical: {r['parameters_identical']}\n"
+            f"({ps.get('missing', '-')} missing); parameters identical: {r['parameters_identical']}{short}\n"
             f"  {path}")

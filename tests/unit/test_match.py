@@ -137,3 +137,23 @@ def test_drop_counter_against_packets_never_received(tmp_path):
     chk = {c["check"]: c for c in match.match(RunData.open(run.path))[1]}
     c = chk["switch drops = never received (s-ps1)"]
     assert c["status"] == match.DISAGREE and (c["expected"], c["observed"]) == (len(DROPS) + 2, len(DROPS))
+
+
+def test_a_background_flow_that_fell_short_disagrees_and_says_by_how_much(tmp_path):
+    """Offered load is measured (the sender's bytes over its on-time), never assumed: a flow
+    within 3 % of its request agrees, one at 10.9 of 19 Mbit/s disagrees, one with no
+    summary disagrees too."""
+    s = Synth(trims=dict(TRIMS), drops=set(DROPS))
+    path = s.write(tmp_path / "run")
+    m = json.loads((path / "manifest.json").read_text())
+    m["spec"]["congestion"]["background"] = [{"rate": "19mbit"}, {"rate": "19mbit"}, {"rate": "5mbit"}]
+    (path / "manifest.json").write_text(json.dumps(m))
+    for i, offered in ((0, 18.5e6), (1, 10.9e6)):
+        (path / "logs" / f"s-tr1-traffic{i}.log").write_text(json.dumps(
+            {"event": "summary", "role": "send", "bytes": 1, "on_s": 2.0, "rate_bps": 19e6, "offered_bps": offered}) + "\n")
+    chk = {c["check"]: c for c in match.load_checks(RunData.open(path))}
+    assert chk["offered load = requested (flow 0)"]["status"] == match.AGREE
+    short = chk["offered load = requested (flow 1)"]
+    assert short["status"] == match.DISAGREE and (short["expected"], short["observed"]) == (19.0, 10.9)
+    assert short["detail"].startswith("flow 1 offered 10.9 of 19.0 Mbit/s (57.4%")
+    assert chk["offered load = requested (flow 2)"]["status"] == match.DISAGREE

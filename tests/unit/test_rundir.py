@@ -105,3 +105,7 @@ def test_a_run_summary_says_when_no_port_was_congested():
     assert "no congestion: no port trimmed or dropped" in calm
     busy = progress.summary("p", base | {"switch": {"TRIM_PKTS": 5, "DROP_PKTS": 0}}, "runs/p")
     assert "no congestion" not in busy and "switch trims 5" in busy
+    flows = {"0": {"requested_bps": 19e6, "offered_bps": 10.9e6, "ratio": 0.5737, "on_s": 2.0},
+             "1": {"requested_bps": 19e6, "offered_bps": 18.8e6, "ratio": 0.9895, "on_s": 2.0}}
+    said = progress.summary("p", base | {"switch": {"TRIM_PKTS": 5}, "background": flows}, "runs/p")
+    assert "flow 0 offered 10.9 of 19.0 Mbit/s (57%): the load fell short" in said and "flow 1" not in said

@@ -34,6 +34,10 @@ def test_flow_reaches_the_sink_at_its_rate(protocol, port):
         assert events.count("off") >= 4 and events.count("on") >= 4  # 100 ms on, 100 ms off
         # half the time on at 20 Mbit/s for 1 s: about 1.25 MB
         assert 0.6e6 < sent < 1.6e6
+        # measured over the time it was on: never above the request (a burst of make-up at most)
+        s = lines[-1]
+        assert s["rate_bps"] == 20e6 and 0.4 < s["on_s"] < 0.75, s
+        assert s["offered_bps"] == pytest.approx(sent * 8 / s["on_s"], rel=1e-4) and s["offered_bps"] <= 20e6 * 1.05
         time.sleep(0.3)
     finally:
         sink.send_signal(signal.SIGTERM)
