@@ -5,6 +5,7 @@ killed worker failing the run with its artifacts kept, and nothing left behind."
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,3 +162,65 @@ def test_killed_worker_fails_the_run_with_artifacts_kept(tmp_path):
     assert (run_dir / "agents").exists() and any((run_dir / "pcaps").iterdir())
     assert (run_dir / "logs" / log.name).exists()
     assert_nothing_left(rack_id, run_dir.name)
+
+
+def test_background_load_is_measured_and_a_starved_flow_is_named(tmp_path):
+    """Two background flows into the ps's port while two workers train: the one left alone
+    offers its rate (within the check's 3 %); the other is starved on purpose (its sender
+    stopped with SIGSTOP for three training steps, then resumed), and the check, the
+    manifest and the run's summary line all say by how much it fell short."""
+    spec = write_spec(tmp_path, name="load", rack={"virtual": {**SPEC["rack"]["virtual"], "traffic_hosts": 1}},
+                      workload={**SPEC["workload"], "steps": 40},
+                      congestion={"incast": True, "background": [{"rate": "20mbit"}, {"rate": "20mbit"}]})
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([TRIMLAB, "run", str(spec), "--runs", str(runs)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = []
+    try:
+        def worker_step():
+            logs = list(runs.glob("*/logs/*-w1-worker.log"))
+            steps = re.findall(r'"step": ?(\d+)', logs[0].read_text()) if logs else []
+            return int(steps[-1]) if steps else -1
+
+        def sender1():
+            for rack_dir in runs.glob("*"):
+                try:
+                    rid = manifest(rack_dir)["rack_id"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                pids = subprocess.run(["ip", "netns", "pids", f"tl{rid}-tr1"], capture_output=True,
+                                      text=True).stdout.split()
+                for pid in pids:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if Path(f"/proc/{pid}").exists() else []
+                    if b"send" in cmd and b"--port" in cmd and cmd[cmd.index(b"--port") + 1].endswith(b"1"):
+                        return int(pid)
+            return None
+
+        deadline = time.monotonic() + 300
+        while (worker_step() < 3 or sender1() is None) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        pid, at = sender1(), worker_step()
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+        while worker_step() < at + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGCONT)
+        stopped.clear()
+        out, err = proc.communicate(timeout=400)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    (run_dir,) = [d for d in runs.iterdir() if (d / "manifest.json").exists()]
+    bg = manifest(run_dir)["results"]["background"]
+    assert bg["0"]["ratio"] >= 0.97 and bg["1"]["ratio"] < 0.97, bg
+    checks = {c["check"]: c for c in json.loads((run_dir / "checks.json").read_text())["checks"]}
+    assert checks["offered load = requested (flow 0)"]["status"] == "agree"
+    short = checks["offered load = requested (flow 1)"]
+    assert short["status"] == "disagree" and short["detail"].startswith("flow 1 offered "), short
+    assert re.search(r"flow 1 offered [\d.]+ of 20\.0 Mbit/s \(\d+%\): the load fell short", out), out[-2000:]
+    assert_nothing_left(manifest(run_dir)["rack_id"], run_dir.name)

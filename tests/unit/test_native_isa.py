@@ -76,7 +76,9 @@ def test_a_cache_shared_with_a_bigger_cpu_never_hands_over_its_library(tmp_path,
     assert str(big) not in loaded
 
     small = tmp_path / loaded[-1]
-    shutil.copyfile(big, small)  # the wrong library under the right name
+    wrong = small.with_name("wrong.tmp")
+    shutil.copyfile(big, wrong)
+    wrong.replace(small)  # the wrong library under the right name (a new file: the loaded one stays mapped)
     native.load_library(src, name, flags, features=AVX2_ONLY)
     assert native.built_for(small) == "avx2" and str(big) not in loaded
 
