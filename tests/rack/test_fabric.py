@@ -179,14 +179,18 @@ def test_fabric_sweep_locates_each_bottleneck_and_every_observer_agrees(tmp_path
         names = {c["check"] for c in checks["checks"]}
         assert {"switch trims = captures (every hop)", "switch drops = never received (every hop)",
                 "trims located"} <= names
-        sw, port = bottleneck.split(":")
-        before, after = (json.loads((run_dir / "switch" / sw / f"counters_{t}.json").read_text())["ports"][port]
-                         for t in ("before", "after"))
+        from trimlab.analysis.rundata import RunData
+        trims = {p: c["TRIM_PKTS"] for p, c in RunData.open(run_dir).counters["ports"].items()}
         # congestion by construction (the spec's comment): a run without it says so here
-        assert after["TRIM_PKTS"] > before["TRIM_PKTS"], f"no congestion at {bottleneck}: {before} -> {after}"
+        assert trims[bottleneck] > 0, f"no congestion at {bottleneck}: trims per port {trims}"
+        assert max(trims, key=trims.get) == bottleneck, trims
+        # each trimmed packet is located at the bottleneck, or is ambiguous where another
+        # port of its path trimmed a few too (a burst at the ps's port can): never elsewhere
         table = pd.read_parquet(run_dir / "packets.parquet")
         where = table.loc[table["trimmed"], "trimmed_at"].value_counts()
-        assert len(where) and where.index[0] == bottleneck, where
+        others = {p for p, n in trims.items() if n and p != bottleneck}
+        assert set(where.index) <= {bottleneck, "ambiguous", *others}, where
+        assert where.get(bottleneck, 0) + where.get("ambiguous", 0) >= 0.9 * where.sum(), where
         for d in ("leaf1", "leaf2", "spine1"):
             assert (run_dir / "switch" / d / "counters_after.json").exists()
             assert (run_dir / "switch" / d / "occupancy.csv").stat().st_size > 0
