@@ -93,9 +93,15 @@ def _is_x86(machine: str) -> bool:
     return machine.lower() in ("x86_64", "amd64")
 
 
-@functools.lru_cache(maxsize=1)
 def host_features() -> frozenset[str]:
-    """The running CPU's feature flags, as the kernel reports them (empty where unknown)."""
+    """The running CPU's feature flags, as the kernel reports them (empty where unknown),
+    less those named in TRIMLAB_CPU_FEATURES_OFF: a host without AVX-512 can be rehearsed
+    on one with it (`TRIMLAB_CPU_FEATURES_OFF=avx512f`); features can only be taken away."""
+    return _cpu_flags() - frozenset(os.environ.get("TRIMLAB_CPU_FEATURES_OFF", "").replace(",", " ").split())
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

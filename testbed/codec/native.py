@@ -63,7 +63,7 @@ def mode() -> str:
 
 def _lib():
     """The kernels for the level this CPU runs (or TRIMLAB_ISA's, where it asks for less)."""
-    return _lib_for(os.environ.get("TRIMLAB_ISA", ""))
+    return _lib_for(os.environ.get("TRIMLAB_ISA", ""), os.environ.get("TRIMLAB_CPU_FEATURES_OFF", ""))
 
 
 def isa() -> native.Isa:
@@ -72,7 +72,7 @@ def isa() -> native.Isa:
 
 
 @functools.lru_cache(maxsize=None)
-def _lib_for(cap: str):
+def _lib_for(cap: str, features_off: str):
     if sys.byteorder != "little":
         raise native.BuildError("the codec kernels need a little-endian host")
     lib, built = native.load_library(resources.c_source("codec", "kernels.c"), "codec", FLAGS,

@@ -93,3 +93,15 @@ def test_the_codec_reports_the_path_it_runs(monkeypatch):
     monkeypatch.setenv("TRIMLAB_ISA", "sse9")
     with pytest.raises(native.IsaError):  # an error, not a silent fall-back to torch
         codec_native.available()
+
+
+@pytest.mark.unit
+def test_features_can_be_taken_away_to_rehearse_a_smaller_cpu(monkeypatch):
+    """TRIMLAB_CPU_FEATURES_OFF=avx512f makes this host choose as an AVX2-only one would;
+    it can only remove features, never claim one the CPU lacks."""
+    real = native._cpu_flags()  # what /proc/cpuinfo says
+    monkeypatch.setenv("TRIMLAB_CPU_FEATURES_OFF", "avx512f, gfni")
+    assert native.host_features() == real - {"avx512f", "gfni"}
+    assert not any(isa.name.startswith("avx512") for isa in native.runnable())
+    monkeypatch.setenv("TRIMLAB_CPU_FEATURES_OFF", "")
+    assert native.host_features() == real
