@@ -18,9 +18,9 @@ from rich.table import Table
 from trimlab import provision as prov
 from trimlab import resources, rundir
 from trimlab.doctor import run_checks
-from trimlab.errors import TrimlabError
+from trimlab.errors import SpecError, TrimlabError
 from trimlab.spec import TrimPlan, load_profile, validated
-from trimlab.targets import Port, get_target
+from trimlab.targets import Port, get_target, platforms
 from trimlab.vrack import rack, vswitch
 
 app = typer.Typer(help="trimlab: ML training over packet-trimming switches.",
@@ -56,6 +56,22 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="print the checks 
         console.print(table)
         console.print(f"[red]{len(failed)} check(s) failed[/]" if failed else "[green]all required checks passed[/]")
     raise typer.Exit(1 if failed else 0)
+
+
+@app.command("platforms")
+def platforms_(as_json: bool = typer.Option(False, "--json", help="print the catalog as JSON")):
+    """The switch platforms trimlab knows: what each does to a trimmed packet."""
+    cat = platforms.catalog()
+    if as_json:
+        print(json.dumps({n: p.model_dump() | {"needs_repair": p.needs_repair} for n, p in cat.items()}, indent=2))
+        return
+    table = Table("platform", "runs", "stale after a trim", "trim sizes", "trim queues", "marking",
+                  "trims twice", title="switch platforms (switch_configs/platforms.yml)")
+    for p in cat.values():
+        table.add_row(p.name, ", ".join(p.targets), ", ".join(p.stale) or "nothing", p.trim_size.text(),
+                      f"{min(p.trim_queues)}..{max(p.trim_queues)} (default {p.default_trim_queue})",
+                      p.marking, "yes" if p.trims_twice else "no")
+    console.print(table)
 
 
 @app.command()
@@ -129,10 +145,23 @@ def rack_up(workers: int = typer.Option(4, help="worker hosts"),
             rack_id: str = typer.Option("0", "--id", help="rack id: 1-6 lowercase letters/digits"),
             leaves: int = typer.Option(0, help="a routed leaf–spine fabric with this many leaves (0: one switch)"),
             spines: int = typer.Option(0, help="spines of the fabric (every leaf has an uplink to each)"),
-            uplink_rate: str = typer.Option(None, help="leaf–spine link rate (default: the port rate)")):
+            uplink_rate: str = typer.Option(None, help="leaf–spine link rate (default: the port rate)"),
+            platform: str = typer.Option("sonic", help="the switch platform every switch emulates "
+                                         "(trimlab platforms lists them)"),
+            switch_platform: list[str] = typer.Option([], help="SWITCH=PLATFORM: one switch emulates another "
+                                                      "platform (repeatable)"),
+            repair: bool = typer.Option(True, help="trimlab's receive repair on every host (--no-repair: "
+                                        "hosts as they come, which drop stale trimmed packets)")):
     """Build a virtual rack: namespaces, management bridge, sshd, the trimming switch (or a
     leaf–spine fabric of them)."""
-    st = rack.plan(rack_id, workers, ps, traffic, rate, mtu, delay, leaves, spines, uplink_rate)
+    per_switch = {}
+    for item in switch_platform:
+        sw, sep, name = item.partition("=")
+        if not sep:
+            raise SpecError(f"--switch-platform {item!r}: use SWITCH=PLATFORM, e.g. spine1=uec-1.0")
+        per_switch[sw] = name
+    st = rack.plan(rack_id, workers, ps, traffic, rate, mtu, delay, leaves, spines, uplink_rate,
+                   platform, per_switch, repair)
     with console.status(f"building rack {rack_id} ({len(st.hosts)} namespaces)"):
         rack.up(st)
     switches = ", ".join(sw.ns for sw in st.switches)

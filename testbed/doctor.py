@@ -12,6 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trimlab import native
+
 PYTHON_DEPS = ("torch", "numpy", "scapy", "pydantic", "typer", "rich", "yaml")
 TOOLS = {  # command -> Debian package
     "ip": "iproute2", "tc": "iproute2", "clang": "clang", "llc": "llvm", "bpftool": "bpftool",
@@ -40,16 +42,6 @@ class Check:
 def which(cmd: str) -> str | None:
     path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN)
     return shutil.which(cmd, path=path)
-
-
-def bpf_cflags() -> list[str]:
-    """clang flags for tc BPF objects: the multiarch include dir holds asm/types.h."""
-    try:
-        triple = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        triple = os.uname().machine + "-linux-gnu"
-    return ["-O2", "-g", "-target", "bpf", f"-I/usr/include/{triple}"]
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess:
@@ -81,7 +73,7 @@ def _kernel_checks() -> list[Check]:
         with tempfile.TemporaryDirectory(prefix="trimlab-doctor-") as tmp:
             src, obj = Path(tmp, "pass.c"), Path(tmp, "pass.o")
             src.write_text(_PASS_PROG)
-            cc = _run(clang, *bpf_cflags(), "-c", str(src), "-o", str(obj))
+            cc = _run(clang, *native.bpf_cflags(), "-c", str(src), "-o", str(obj))
             if cc.returncode:
                 checks.append(Check("tc BPF program", False, "clang -target bpf failed: "
                                     + cc.stderr.strip().splitlines()[-1],
@@ -101,7 +93,6 @@ def _kernel_checks() -> list[Check]:
 
 def _codec_path() -> Check:
     """Which codec path this CPU runs: the native kernels at their vector level, or torch."""
-    from trimlab import native
     from trimlab.codec import native as kernels
     from trimlab.errors import TrimlabError  # heavy (torch): only when doctor runs
 

@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from trimlab import resources
 from trimlab.errors import TrimlabError
 
 
@@ -40,12 +41,14 @@ def cache_dir() -> Path:
 
 
 def build(source: Path, compiler: str, flags: list[str], name: str, suffix: str = "",
-          extra: tuple[Path, ...] = ()) -> Path:
-    """`compiler flags source extra... -o CACHE/name-HASH{suffix}`, once per sources and flags."""
+          extra: tuple[Path, ...] = (), headers: tuple[Path, ...] = ()) -> Path:
+    """`compiler flags source extra... -o CACHE/name-HASH{suffix}`, once per sources, the
+    headers they include (found with -I each header's folder) and flags."""
     exe = shutil.which(compiler)
     if not exe:
         raise BuildError(f"{compiler} not found: apt-get install {compiler} (or make setup)")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (source, *extra))
+    flags = [*flags, *(f"-I{d}" for d in dict.fromkeys(str(h.parent) for h in headers))]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (source, *extra, *headers))
                             + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{digest}{suffix}"
     if out.exists():
@@ -58,6 +61,19 @@ def build(source: Path, compiler: str, flags: list[str], name: str, suffix: str 
         raise BuildError(f"compiling {source.name} failed: {done.stderr.strip()[-400:]}")
     tmp.replace(out)
     return out
+
+
+def bpf_cflags() -> list[str]:
+    """clang flags for tc BPF objects: the multiarch include dir holds asm/types.h."""
+    try:
+        triple = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        triple = os.uname().machine + "-linux-gnu"
+    return ["-O2", "-g", "-target", "bpf", f"-I/usr/include/{triple}"]
+
+
+BPF_CSUM_H = resources.c_source("agents", "bpf_csum.h")  # checksum helpers of the tc programs
 
 
 # --- instruction set levels ---------------------------------------------------------------

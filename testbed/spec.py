@@ -245,6 +245,21 @@ class VirtualRackSpec(_Strict):
     mtu: int = Field(1500, ge=1280, le=9000)
     buffer_bytes: int = Field(65536, ge=0, description="byte budget of each switch queue")
     fabric: FabricSpec | None = Field(None, description="leaves, spines, uplink_rate: a leaf–spine fabric")
+    platform: str = Field("sonic", description="the switch platform every virtual switch emulates "
+                                               "(`trimlab platforms`; ideal: rewrites every length and checksum)")
+    switch_platforms: dict[str, str] = Field(default_factory=dict, description="a switch (sw, leaf1, spine1...) "
+                                             "that emulates another platform")
+
+    @model_validator(mode="after")
+    def _platforms(self):
+        from trimlab.targets import platforms
+        platforms.get(self.platform, "rack.virtual.platform")
+        for sw, name in self.switch_platforms.items():
+            platforms.get(name, f"rack.virtual.switch_platforms.{sw}")
+        return self
+
+    def platform_names(self) -> set[str]:
+        return {self.platform, *self.switch_platforms.values()}
 
 
 class RackSpec(_Strict):
@@ -322,7 +337,7 @@ class TruthSpec(_Strict):
 SWEEPABLE = ("seed", "topology", "profile", "codec.name", "codec.params", "workload.lr", "workload.batch",
              "workload.comm", "workload.data", "workload.model",
              "transport.dscp", "transport.pacing", "congestion.incast", "congestion.inject_probability",
-             "congestion.inject_action", "rack.virtual.rate", "rack.virtual.buffer_bytes")
+             "congestion.inject_action", "rack.virtual.rate", "rack.virtual.buffer_bytes", "rack.virtual.platform")
 
 
 class ExperimentSpec(_Strict):

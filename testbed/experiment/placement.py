@@ -141,7 +141,13 @@ def check_profile(spec: ExperimentSpec, rack: inv.Rack | None) -> None:
     """Every target's limits, before the rack is touched."""
     prof = effective_profile(spec)
     if rack is None:
-        get_target("vswitch").check(prof, list(get_target("vswitch").default_ports))
+        t = get_target("vswitch")
+        for name in sorted(spec.rack.virtual.platform_names()):
+            t.configure("sw", {"trim_switch_platform": name})
+            try:
+                t.check(prof, list(t.default_ports))
+            except SpecError as exc:
+                raise SpecError(f"profile {prof.name}: {exc} (rack.virtual.platform)") from None
         return
     tmp = Path(tempfile.mkdtemp(prefix="trimlab-run-"))
     try:

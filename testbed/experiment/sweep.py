@@ -32,7 +32,8 @@ from trimlab.vrack import rack as vrack
 
 def _rack_key(spec: ExperimentSpec) -> tuple:
     v = spec.rack.virtual
-    return (v.workers, v.traffic_hosts, v.rate, v.mtu, spec.topology, v.fabric)
+    return (v.workers, v.traffic_hosts, v.rate, v.mtu, spec.topology, v.fabric, v.platform,
+            tuple(sorted(v.switch_platforms.items())))
 
 
 def _provision(inventory: Path, profile_path: Path, switch_only: bool, console) -> None:
@@ -76,7 +77,8 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
                 rid = "r" + secrets.token_hex(3)[:5]
                 f = v.fabric
                 st = vrack.plan(rid, v.workers, 1 if pt.topology == "ps" else 0, v.traffic_hosts,
-                                v.rate, v.mtu, 0.0, *((f.leaves, f.spines, f.uplink_rate) if f else ()))
+                                v.rate, v.mtu, 0.0, *((f.leaves, f.spines, f.uplink_rate) if f else (0, 0, None)),
+                                platform=v.platform, switch_platforms=v.switch_platforms)
                 if console is not None:
                     shape = f" on {f.leaves} leaves and {f.spines} spines" if f else ""
                     console.print(f"bringing up virtual rack {rid} ({v.workers} workers, {v.rate}{shape})")

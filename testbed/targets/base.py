@@ -12,6 +12,7 @@ import yaml
 
 from trimlab import resources
 from trimlab.errors import SpecError
+from trimlab.targets import platforms
 
 TEMPLATES = resources.templates()
 
@@ -48,6 +49,9 @@ class SwitchTarget:
     default_ports: ClassVar[tuple[Port, ...]]
     supports_injection: ClassVar[bool] = False  # deterministic injection: the virtual switch only
 
+    def __init__(self):
+        self.platform = platforms.get(platforms.DEFAULT_FOR_OS[self.name])
+
     def _env(self) -> jinja2.Environment:
         return jinja2.Environment(loader=jinja2.FileSystemLoader([TEMPLATES / self.name, TEMPLATES]),
                                   undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -58,7 +62,9 @@ class SwitchTarget:
         return self._env().get_template(name).render(**ctx)
 
     def configure(self, name: str, host_vars: dict) -> None:
-        """Take what rendering needs from the switch's inventory variables (default: nothing)."""
+        """Take what rendering needs from the switch's inventory variables: its platform
+        (trim_switch_platform), and in a driver whatever else it renders."""
+        self.platform = platforms.for_switch(name, self.name, host_vars)
 
     def fail(self, field_: str, value, allowed: str) -> SpecError:
         return SpecError(f"field {field_}={value!r}: target {self.name} allows {allowed}")
@@ -76,6 +82,7 @@ class SwitchTarget:
         if profile.injection.probability and not self.supports_injection:
             raise self.fail("injection.probability", profile.injection.probability,
                             "0 only: deterministic injection is a virtual-switch feature")
+        self.platform.check(profile)
         if profile.dscp == "from-tc":
             missing = {p.facing for p in ports} - set(profile.port_dscp)
             if missing:

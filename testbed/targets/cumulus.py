@@ -15,8 +15,6 @@ class Cumulus(SwitchTarget):
 
     def check(self, profile, ports):
         super().check(profile, ports)
-        if not (256 <= profile.size <= 1024 and profile.size % 4 == 0):
-            raise self.fail("size", profile.size, "256..1024, a multiple of 4")
         if profile.queue == "dynamic" or not 0 <= profile.queue <= 7:
             raise self.fail("queue", profile.queue, "a switch priority 0..7 (no dynamic)")
         for tc in profile.eligible_queues:

@@ -19,11 +19,13 @@ class Sonic(SwitchTarget):
     RELEASE_FLOOR = "202505"  # the first release with SWITCH_TRIMMING and `config switch-trimming`
 
     def __init__(self):
+        super().__init__()
         self.voq_prefix = ""  # "hostname|asic|" on a VOQ switch: its BUFFER_QUEUE keys
 
     def configure(self, name: str, host_vars: dict) -> None:
         """A VOQ (distributed) switch keys BUFFER_QUEUE as hostname|asic|port|queue: take the
         hostname and ASIC name from the inventory, or refuse by name."""
+        super().configure(name, host_vars)
         kind = host_vars.get("switch_type", "switch")
         if kind not in ("switch", "voq"):
             raise SpecError(f"switch {name}: switch_type={kind!r}; trimlab renders SONiC switch_type "
@@ -38,8 +40,6 @@ class Sonic(SwitchTarget):
 
     def check(self, profile, ports):
         super().check(profile, ports)
-        if not 1 <= profile.size <= 9216:
-            raise self.fail("size", profile.size, "1..9216 bytes")
         if isinstance(profile.queue, int) and not 0 <= profile.queue <= 15:
             raise self.fail("queue", profile.queue, "a queue index 0..15 (sonic-buffer-queue.yang's qindex) "
                             "or dynamic")

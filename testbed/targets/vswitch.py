@@ -19,6 +19,7 @@ class VSwitchTarget(Sonic):
 
     def configure(self, name: str, host_vars: dict) -> None:
         """The data network's MTU bounds the trim size (no VOQ here)."""
+        SwitchTarget.configure(self, name, host_vars)
         self.mtu = int(host_vars.get("data_mtu", self.mtu))
 
     def check(self, profile, ports):
@@ -33,5 +34,6 @@ class VSwitchTarget(Sonic):
     def _render(self, profile, ports):
         config = json.loads(self._template("sonic/config_db.json.j2", **self.context(profile, ports)))
         config.update(json.loads(self._template("inject.json.j2", p=profile)))
+        config["TRIMLAB_PLATFORM"] = {"GLOBAL": {"name": self.platform.name}}
         commands = [f"trimlab switch apply trimlab-{profile.name}.json"]
         return Rendered(self.name, profile.name, config, "json", commands)

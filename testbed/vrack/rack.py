@@ -27,8 +27,10 @@ from pathlib import Path
 import yaml
 
 from trimlab import rundir
+from trimlab.agents import repair
 from trimlab.config import parse_rate
 from trimlab.errors import SpecError, TrimlabError
+from trimlab.targets import platforms
 from trimlab.vrack import vswitch
 
 BPF_ROOT = Path("/sys/fs/bpf")
@@ -105,6 +107,8 @@ class RackState:
     # the process that takes the rack down when it is done (`trimlab run`, a bench); None
     # for a rack left up on purpose (`trimlab rack up`), which never goes stale
     owner: dict | None = None
+    platforms: dict[str, str] = field(default_factory=dict)  # switch -> the platform it emulates
+    repair: bool = True  # the receive repair on every NIC host's data interface
 
     @property
     def dir(self) -> Path:
@@ -163,6 +167,9 @@ class RackState:
     def ports(self) -> list[str]:
         """The one switch's ports (in a fabric, the first leaf's)."""
         return list(self.port_rates(self.switch.name))
+
+    def platform_of(self, sw: str) -> str:
+        return self.platforms.get(sw, "ideal")  # a rack saved before platforms: the old switch
 
     def switch_pin_dir(self, sw: str) -> Path:
         """Each switch's program and maps: tl<id>/ for one switch, tl<id>/<switch>/ in a fabric."""
@@ -223,8 +230,12 @@ def _free_slot() -> int:
 
 
 def plan(rack_id: str, workers: int, ps: int, traffic: int, rate: str, mtu: int,
-         delay_ms: float, leaves: int = 0, spines: int = 0, uplink_rate: str | None = None) -> RackState:
-    """Validate the options and lay out names and addresses (nothing is touched)."""
+         delay_ms: float, leaves: int = 0, spines: int = 0, uplink_rate: str | None = None,
+         platform: str = platforms.VIRTUAL_DEFAULT, switch_platforms: dict[str, str] | None = None,
+         repair_hosts: bool = True) -> RackState:
+    """Validate the options and lay out names and addresses (nothing is touched). Every
+    switch emulates `platform`, except those `switch_platforms` names (switch -> platform);
+    `repair_hosts`: the receive repair on every NIC host (off: a host as it comes)."""
     if not ID_RE.match(rack_id):
         raise SpecError(f"id={rack_id!r}: use 1 to 6 lowercase letters or digits")
     if not 1 <= workers <= 32:
@@ -255,7 +266,8 @@ def plan(rack_id: str, workers: int, ps: int, traffic: int, rate: str, mtu: int,
         if not 1_000_000 <= up_bps <= 100_000_000_000:
             raise SpecError(f"uplink_rate={uplink_rate!r}: use 1mbit..100gbit (e.g. 10mbit)")
     st = RackState(id=rack_id, slot=_free_slot(), rate_bps=bps, mtu=mtu, delay_ms=delay_ms,
-                   created=time.time(), leaves=leaves, spines=spines, uplink_rate_bps=up_bps)
+                   created=time.time(), leaves=leaves, spines=spines, uplink_rate_bps=up_bps,
+                   repair=repair_hosts)
     net = f"198.18.{st.slot}"
     switches = ([f"leaf{k}" for k in range(1, leaves + 1)] + [f"spine{s}" for s in range(1, spines + 1)]
                 if leaves else ["sw"])
@@ -288,6 +300,12 @@ def plan(rack_id: str, workers: int, ps: int, traffic: int, rate: str, mtu: int,
                                      f"{LINK_V4}.{2 * j}", f"{LINK_V6}{2 * j:x}",
                                      f"spine{sp}", f"Ethernet{4 * (k - 1)}",
                                      f"{LINK_V4}.{2 * j + 1}", f"{LINK_V6}{2 * j + 1:x}"))
+    platforms.get(platform, "platform")
+    st.platforms = {sw: platform for sw in switches}
+    for sw, name in (switch_platforms or {}).items():
+        if sw not in st.platforms:
+            raise SpecError(f"switch_platforms.{sw}: no such switch; the rack's switches are {', '.join(switches)}")
+        st.platforms[sw] = platforms.get(name, f"switch_platforms.{sw}").name
     return st
 
 
@@ -367,6 +385,8 @@ def _cable_host(st: RackState, h: Host) -> None:
     _run("ethtool", "-K", "eth1", "tx", "off", "rx", "off", ns=h.ns)
     _run("ethtool", "-K", h.port, "tx", "off", "rx", "off", ns=sw.ns)
     _host_nic(h.ns, "eth1", st.rate_bps, st.delay_ms)
+    if st.repair:
+        repair.install("eth1", ns=h.ns)
     if st.fabric:  # the rest of the data network through its leaf
         _run("ip", "route", "add", DATA_NET_V4, "via", h.gateway_ipv4, "dev", "eth1", ns=h.ns)
         _run("ip", "-6", "route", "add", DATA_NET_V6, "via", h.gateway_ipv6, "dev", "eth1", ns=h.ns)
@@ -419,7 +439,7 @@ def _program(st: RackState, sw: Host) -> None:
     rates = st.port_rates(sw.name)
     for i, (port, rate) in enumerate(rates.items()):
         vswitch.attach(sw.ns, port, _ifindex(sw.ns, port), i, pin, rate)
-    cfg = vswitch.default_config(list(rates), st.rate_bps // 1_000_000)
+    cfg = vswitch.default_config(list(rates), st.rate_bps // 1_000_000, platform=st.platform_of(sw.name))
     cfg.speeds = {p: r // 1_000_000 for p, r in rates.items()}
     st.vswitch(sw.name).write(cfg)
 
@@ -529,12 +549,14 @@ def write_inventory(st: RackState) -> Path:
             "trim_switches": {"hosts": {sw.ns: {
                 "ansible_host": sw.mgmt_ip,
                 "trim_switch_os": "vswitch",
+                "trim_switch_platform": st.platform_of(sw.name),
                 "trimlab_switch": sw.name,  # which switch of the rack `trimlab switch` drives
                 "ports": _inventory_ports(st, sw),
             } for sw in st.switches}},
             "nic_hosts": {"hosts": {h.ns: {
                 "ansible_host": h.mgmt_ip, "role": h.role, "data_if": "eth1",
                 "data_ipv4": h.data_ipv4, "data_ipv6": h.data_ipv6, "switch_port": h.port,
+                "nic_host_repair": st.repair,
             } for h in st.nic_hosts}},
         },
     }}

@@ -35,7 +35,7 @@ def test_profiles_render_for_every_switch_of_the_lab(tmp_path):
     assert (tmp_path / "leaf-sonic.json").exists() and (tmp_path / "leaf-cumulus.yml").exists()
     cmds = (tmp_path / "leaf-cumulus.commands").read_text()
     assert "nv set interface swp1,swp2,swp3,swp4,swp64 packet-trim egress-eligibility traffic-class 2" in cmds
-    with pytest.raises(SpecError, match="profile default: field size=128: target cumulus allows 256..1024"):
+    with pytest.raises(SpecError, match="profile default: field size=128: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4"):
         render_profiles(rack, "default", tmp_path)
 
 
@@ -67,4 +67,4 @@ def test_provision_refuses_a_bad_profile_before_touching_anything(tmp_path):
     out = subprocess.run([sys.executable, "-m", "trimlab.cli", "provision", "-i", str(LAB), "--profile", "default"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert "profile default: field size=128: target cumulus allows 256..1024, a multiple of 4" in out.stderr
+    assert "profile default: field size=128: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4" in out.stderr

@@ -108,7 +108,7 @@ def test_an_installed_wheel_works_outside_the_source_tree(wheel, tmp_path):
     cumulus = run(cli, "switch", "render", "cumulus-default", "--target", "cumulus")
     assert cumulus.returncode == 0 and "nv set system forwarding packet-trim" in cumulus.stdout, cumulus.stderr
     limit = run(cli, "switch", "render", "default", "--target", "cumulus")  # found, and checked
-    assert limit.returncode == 2 and "target cumulus allows 256..1024" in limit.stderr, limit.stderr
+    assert limit.returncode == 2 and "platform cumulus-spectrum allows 256..1024" in limit.stderr, limit.stderr
     assert run(cli, "run", "--help").returncode == 0
     modules = run(python, "-c", "import trimlab.experiment, trimlab.bench.ddp, trimlab.analysis.report")
     assert modules.returncode == 0, modules.stderr

@@ -40,21 +40,22 @@ def profile(**kw):
 
 
 @pytest.mark.parametrize("target,kw,msg", [
-    ("cumulus", {"size": 128}, "profile p: field size=128: target cumulus allows 256..1024, a multiple of 4"),
-    ("cumulus", {"size": 1026}, "size=1026: target cumulus allows 256..1024, a multiple of 4"),
-    ("cumulus", {"size": 258}, "size=258: target cumulus allows 256..1024, a multiple of 4"),
-    ("cumulus", {"queue": 9}, "queue=9: target cumulus allows a switch priority 0..7"),
+    ("cumulus", {"size": 128}, "profile p: field size=128: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4"),
+    ("cumulus", {"size": 1026}, "size=1026: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4"),
+    ("cumulus", {"size": 258}, "size=258: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4"),
+    ("cumulus", {"queue": 9}, "queue=9: platform cumulus-spectrum allows trimmed packets on queues 0..7"),
     ("cumulus", {"queue": "dynamic"}, "queue='dynamic': target cumulus allows a switch priority 0..7"),
     ("cumulus", {"exempt_sources": ["10.0.0.0/8"]}, "exempt_sources=.*target cumulus allows none"),
     ("cumulus", {"injection": {"probability": 0.1}}, "injection.probability=0.1: target cumulus allows 0 only"),
     ("sonic", {"queue": 300}, None),  # caught by the profile model itself
-    ("sonic", {"size": 10000}, "size=10000: target sonic allows 1..9216 bytes"),
-    ("sonic", {"queue": 16}, "queue=16: target sonic allows a queue index 0..15 (sonic-buffer-queue.yang's qindex)"),
+    ("sonic", {"size": 10000}, "size=10000: platform sonic allows 1..9216 bytes"),
+    ("sonic", {"queue": 16}, "queue=16: platform sonic allows trimmed packets on queues 0..15"),
     ("sonic", {"injection": {"probability": 0.5}}, "injection.probability=0.5: target sonic allows 0 only"),
     ("vswitch", {"size": 40}, "size=40: target vswitch allows 62..9014 bytes"),
     ("vswitch", {"queue": "dynamic"}, "queue='dynamic': target vswitch allows a queue 0..7"),
 ])
 def test_target_limits_name_field_target_and_range(target, kw, msg):
+    """The platform's limits (the OS's default platform here), then the OS's own."""
     if msg is None:
         with pytest.raises(SpecError, match="queue=300: a queue index is 0..255"):
             profile(**kw)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trimlab import native, resources
-from trimlab.doctor import bpf_cflags
 from trimlab.errors import SpecError, TrimlabError
+from trimlab.targets import platforms
 from trimlab.targets.vswitch import MIN_TRIM_SIZE
 from trimlab.vrack.bpfmap import PinnedMap
 
@@ -37,7 +37,7 @@ MAX_IFINDEX = 4096  # trim.c: port_of is an array indexed by ifindex
 ACTIONS = {"drop": 0, "trim": 1}
 COUNTERS = ("TX_PKTS", "TX_BYTES", "TRIM_PKTS", "TRIM_TX_PKTS", "TRIM_DRP_PKTS", "DROP_PKTS")
 _QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then COUNTERS order below
-_GCFG = struct.Struct("<8I")
+_GCFG = struct.Struct("<10IQ")  # ... from_tc, flags, platform (catalog index), trimmed-DSCP mask
 _PORTCFG = struct.Struct("<Q8I8BB7x")  # rate, budgets, actions, trimmed-packet DSCP
 _U32 = struct.Struct("<I")
 
@@ -49,7 +49,8 @@ class SwitchError(TrimlabError):
 def build() -> Path:
     """Compile trim.c (once per source and flags: cached by their hash)."""
     try:
-        return native.build(SOURCE, "clang", bpf_cflags() + ["-Wall", "-c"], "vswitch", ".o")
+        return native.build(SOURCE, "clang", native.bpf_cflags() + ["-Wall", "-c"], "vswitch", ".o",
+                            headers=(native.BPF_CSUM_H,))
     except native.BuildError as exc:
         raise SwitchError(f"{exc} (clang, llvm and libbpf-dev are needed)") from None
 
@@ -128,6 +129,7 @@ class SwitchConfig:
     inject_probability: float = 0.0
     inject_action: str = "trim"
     inject_seed: int = 0
+    platform: str = "ideal"  # the switch model this one emulates (fixed at rack up)
 
     def port_trim_dscp(self, port: str) -> int:
         return self.trim_dscp[port] if self.tc_value is not None else self.dscp_value
@@ -161,7 +163,13 @@ class SwitchConfig:
             "PORT": {p: {"speed": str(s)} for p, s in self.speeds.items()},
             "TRIMLAB_INJECT": {"GLOBAL": {"probability": str(self.inject_probability),
                                           "action": self.inject_action, "seed": str(self.inject_seed)}},
+            "TRIMLAB_PLATFORM": {"GLOBAL": {"name": self.platform}},
         }
+
+    def trimmed_dscps(self) -> int:
+        """Bit d set: DSCP d marks a trimmed packet on some port (trim-once platforms)."""
+        ds = set(self.trim_dscp.values()) if self.tc_value is not None else {self.dscp_value}
+        return sum(1 << d for d in ds)
 
 
 def _flat(cfg: SwitchConfig) -> dict[str, str]:
@@ -219,10 +227,17 @@ def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int
     """Merge a Config DB fragment into `current`; every error names the table and key."""
     cfg = copy.deepcopy(current)
     known = {"SWITCH_TRIMMING", "BUFFER_PROFILE", "BUFFER_QUEUE", "DSCP_TO_TC_MAP",
-             "TC_TO_QUEUE_MAP", "TC_TO_DSCP_MAP", "PORT_QOS_MAP", "PORT", "TRIMLAB_INJECT", "BUFFER_POOL"}
+             "TC_TO_QUEUE_MAP", "TC_TO_DSCP_MAP", "PORT_QOS_MAP", "PORT", "TRIMLAB_INJECT", "BUFFER_POOL",
+             "TRIMLAB_PLATFORM"}
     for table in doc:
         if table not in known:
             raise SpecError(f"{table}: unknown table; the virtual switch reads {', '.join(sorted(known))}")
+    want = doc.get("TRIMLAB_PLATFORM", {}).get("GLOBAL", {}).get("name", cfg.platform)
+    if want != cfg.platform:
+        raise SpecError(f"TRIMLAB_PLATFORM|GLOBAL.name: {want!r}, but this switch emulates {cfg.platform} "
+                        "(its hardware: chosen at rack up, `trimlab rack up --platform`); fix "
+                        "trim_switch_platform in the inventory")
+    plat = platforms.get(cfg.platform)
     g = doc.get("SWITCH_TRIMMING", {}).get("GLOBAL", {})
     if "size" in g:
         cfg.size = _int(g["size"], "SWITCH_TRIMMING|GLOBAL.size", MIN_TRIM_SIZE, mtu + 14)
@@ -237,6 +252,12 @@ def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int
             raise SpecError("SWITCH_TRIMMING|GLOBAL.queue_index: dynamic is not supported by the "
                             "virtual switch; give a queue 0..7")
         cfg.queue_index = _int(g["queue_index"], "SWITCH_TRIMMING|GLOBAL.queue_index", 0, NQ - 1)
+    if not plat.trim_size.allows(cfg.size):
+        raise SpecError(f"SWITCH_TRIMMING|GLOBAL.size: {cfg.size}; platform {plat.name} trims to "
+                        f"{plat.trim_size.text()}")
+    if cfg.queue_index not in plat.trim_queues:
+        raise SpecError(f"SWITCH_TRIMMING|GLOBAL.queue_index: {cfg.queue_index}; platform {plat.name} sends "
+                        f"trimmed packets on queues {', '.join(map(str, plat.trim_queues))}")
     dscp_maps = doc.get("DSCP_TO_TC_MAP", {})
     tc_maps = doc.get("TC_TO_QUEUE_MAP", {})
     if len(dscp_maps) > 1 or len(tc_maps) > 1:
@@ -320,18 +341,20 @@ class VSwitch:
             for d, q in enumerate(cfg.dscp_to_queue):
                 m.update(d, _U32.pack(q))
         p32 = min(int(cfg.inject_probability * (1 << 32)), (1 << 32) - 1)
+        plat = platforms.get(cfg.platform)
         with self._map("config", _GCFG.size) as m:
             m.update(0, _GCFG.pack(1, cfg.size, cfg.dscp_value, cfg.queue_index, p32,
                                    ACTIONS[cfg.inject_action], cfg.inject_seed,
-                                   0 if cfg.tc_value is None else cfg.tc_value + 1))  # gcfg.from_tc
+                                   0 if cfg.tc_value is None else cfg.tc_value + 1,  # gcfg.from_tc
+                                   plat.flags, list(platforms.catalog()).index(plat.name), cfg.trimmed_dscps()))
 
     def read(self) -> SwitchConfig:
         with self._map("config", _GCFG.size) as m:
-            enabled, size, dscp, qidx, p32, inj_act, seed, tc1 = _GCFG.unpack(m.lookup(0))
+            enabled, size, dscp, qidx, p32, inj_act, seed, tc1, _, plat, _ = _GCFG.unpack(m.lookup(0))
         names = {v: k for k, v in ACTIONS.items()}
         cfg = SwitchConfig(size=size, dscp_value=dscp, queue_index=qidx, tc_value=tc1 - 1 if tc1 else None,
                            inject_probability=p32 / (1 << 32), inject_action=names[inj_act],
-                           inject_seed=seed)
+                           inject_seed=seed, platform=list(platforms.catalog())[plat])
         with self._map("dscp_queue", 4) as m:
             cfg.dscp_to_queue = [_U32.unpack(m.lookup(d))[0] for d in range(64)]
         with self._map("ports", _PORTCFG.size) as m:
@@ -431,10 +454,12 @@ def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | Non
 
 
 def default_config(ports: list[str], speed_mbps: int, budget: int = 64 * 1024,
-                   trim_queues: tuple[int, ...] = (1,)) -> SwitchConfig:
+                   trim_queues: tuple[int, ...] = (1,), platform: str = platforms.VIRTUAL_DEFAULT) -> SwitchConfig:
     """A switch that trims queue 1 (DSCP 8–15, AF1x) and drops elsewhere, SONiC's default
-    128-byte trim size, trimmed packets remarked DSCP 48 and sent on queue 7."""
-    cfg = SwitchConfig()
+    128-byte trim size (a fixed-size platform's own), trimmed packets remarked DSCP 48 and
+    sent on queue 7, emulating `platform`."""
+    plat = platforms.get(platform)
+    cfg = SwitchConfig(platform=platform, size=plat.trim_size.fixed or max(128, plat.trim_size.min))
     for p in ports:
         cfg.budgets[p] = [budget] * NQ
         cfg.actions[p] = ["trim" if q in trim_queues else "drop" for q in range(NQ)]

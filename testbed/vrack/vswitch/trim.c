@@ -6,8 +6,10 @@
 // rate do the real scheduling (skb->priority = 1:(10 + band), band 0 first, band = 7 - queue).
 // Admission fails on a `trim` queue: the packet is cut to `size` bytes from the Ethernet
 // header, its DSCP set to the port's trimmed-packet DSCP (`dscp_value`, or with from-tc the
-// port's TC_TO_DSCP map of the trim TC; ECN kept), IP and L4 lengths and checksums
-// rewritten, and it is sent on `queue_index` (own budget; over it: dropped, counted).
+// port's TC_TO_DSCP map of the trim TC; ECN kept), and it is sent on `queue_index` (own
+// budget; over it: dropped, counted). Which lengths and checksums are rewritten after the
+// cut is the emulated platform's (`flags`): real ASICs leave them stale. A trim-once
+// platform (Ultra Ethernet) never trims a packet that carries a trimmed-packet DSCP.
 // On a `drop` queue it is dropped. Deterministic injection trims/drops an eligible packet
 // when a hash of its identity falls under p, whatever the occupancy.
 #include <linux/bpf.h>
@@ -21,6 +23,8 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "bpf_csum.h"
+
 #define NQ 8
 #define MAX_PORTS 64
 #define MAX_IFINDEX 4096
@@ -28,6 +32,11 @@
 #define ACT_TRIM 1
 #define TRIMLAB_PORT 47000
 #define MAX_L4 9216
+#define F_IP_LEN 1      // rewrite the IPv4 total length / IPv6 payload length
+#define F_IP_CSUM 2     // recompute the IPv4 header checksum
+#define F_UDP_LEN 4     // rewrite the UDP length
+#define F_L4_CSUM 8     // recompute the UDP/TCP checksum
+#define F_TRIM_ONCE 16  // a packet with a trimmed-packet DSCP is never trimmed again
 
 struct qstate {
 	struct bpf_spin_lock lock;
@@ -52,6 +61,9 @@ struct gcfg {
 	__u32 inject_action;
 	__u32 inject_seed;
 	__u32 from_tc;      // control plane only: from-tc's trim TC + 1 (0: dscp_value for every port)
+	__u32 flags;        // F_*: the emulated platform
+	__u32 platform;     // control plane only: the platform's catalog index
+	__u64 trimmed_dscps;  // bit d: DSCP d marks trimmed packets (F_TRIM_ONCE)
 };
 
 struct portcfg {
@@ -159,38 +171,6 @@ static __always_inline void count(struct qstate *q, int field)
 	bpf_spin_unlock(&q->lock);
 }
 
-static __always_inline __u16 fold(__u64 s)
-{
-	s = (s & 0xffffffff) + (s >> 32);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)s;
-}
-
-// One's-complement sum of `len` bytes at packet offset `off`. A global function, so the
-// verifier checks its loop once rather than at every call site.
-__attribute__((noinline)) __u64 sum_bytes(struct __sk_buff *skb, __u32 off, __u32 len)
-{
-	__u64 s = 0;
-	__u32 chunk;
-	__u8 buf[64];
-	for (int i = 0; i < MAX_L4 / 64 + 1; i++) {
-		if (len == 0)
-			break;
-		chunk = len > 64 ? 64 : len;
-		__builtin_memset(buf, 0, sizeof(buf));
-		if (bpf_skb_load_bytes(skb, off, buf, chunk & 63 ? chunk & 63 : 64) < 0)
-			return 0;
-		__u32 words = (chunk + 3) / 4;  // zero padding beyond `chunk` adds nothing
-		__s64 part = bpf_csum_diff(0, 0, (__be32 *)buf, words * 4 > 64 ? 64 : (words * 4) & ~3u, 0);
-		s += (__u32)part;
-		off += chunk;
-		len -= chunk;
-	}
-	return s;
-}
-
 SEC("tc")
 int trimlab_egress(struct __sk_buff *skb)
 {
@@ -242,6 +222,8 @@ int trimlab_egress(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	__u32 len = skb->len;
 	__u8 action = pc->action[queue];
+	if ((cfg->flags & F_TRIM_ONCE) && ((cfg->trimmed_dscps >> dscp) & 1))
+		action = ACT_DROP;
 
 	int forced = 0;
 	if (cfg->inject_p) {
@@ -290,6 +272,7 @@ int trimlab_egress(struct __sk_buff *skb)
 		len = size;
 	}
 	__u32 l4len = len > l4 ? len - l4 : 0;
+	__u32 flags = cfg->flags;
 	if (ipv6) {
 		__u8 hdr[2];
 		if (bpf_skb_load_bytes(skb, l3, hdr, 2) < 0)
@@ -297,31 +280,39 @@ int trimlab_egress(struct __sk_buff *skb)
 		__u8 tclass = ((pc->trim_dscp & 63) << 2) | (((hdr[0] & 0x0f) << 4 | hdr[1] >> 4) & 3);
 		hdr[0] = 0x60 | (tclass >> 4);
 		hdr[1] = (tclass << 4) | (hdr[1] & 0x0f);
-		__be16 plen = bpf_htons(l4len);
 		bpf_skb_store_bytes(skb, l3, hdr, 2, 0);
-		bpf_skb_store_bytes(skb, l3 + 4, &plen, 2, 0);
+		if (flags & F_IP_LEN) {
+			__be16 plen = bpf_htons(l4len);
+			bpf_skb_store_bytes(skb, l3 + 4, &plen, 2, 0);
+		}
 	} else {
 		__u8 tos;
 		if (bpf_skb_load_bytes(skb, l3 + 1, &tos, 1) < 0)
 			return TC_ACT_SHOT;
 		tos = ((pc->trim_dscp & 63) << 2) | (tos & 3);
-		__be16 tot = bpf_htons(len - l3);
-		__u16 zero16 = 0;
 		bpf_skb_store_bytes(skb, l3 + 1, &tos, 1, 0);
-		bpf_skb_store_bytes(skb, l3 + 2, &tot, 2, 0);
-		bpf_skb_store_bytes(skb, l3 + 10, &zero16, 2, 0);
-		__u16 csum = ~fold(sum_bytes(skb, l3, l4 - l3));
-		bpf_skb_store_bytes(skb, l3 + 10, &csum, 2, 0);
+		if (flags & F_IP_LEN) {
+			__be16 tot = bpf_htons(len - l3);
+			bpf_skb_store_bytes(skb, l3 + 2, &tot, 2, 0);
+		}
+		if (flags & F_IP_CSUM) {
+			__u16 zero16 = 0;
+			bpf_skb_store_bytes(skb, l3 + 10, &zero16, 2, 0);
+			__u16 csum = ~fold(sum_bytes(skb, l3, l4 - l3));
+			bpf_skb_store_bytes(skb, l3 + 10, &csum, 2, 0);
+		}
 	}
 	__u32 csum_off = 0;
 	if (l4proto == IPPROTO_UDP && l4len >= 8) {
-		__be16 ulen = bpf_htons(l4len);
-		bpf_skb_store_bytes(skb, l4 + 4, &ulen, 2, 0);
+		if (flags & F_UDP_LEN) {
+			__be16 ulen = bpf_htons(l4len);
+			bpf_skb_store_bytes(skb, l4 + 4, &ulen, 2, 0);
+		}
 		csum_off = l4 + 6;
 	} else if (l4proto == IPPROTO_TCP && l4len >= 20) {
 		csum_off = l4 + 16;
 	}
-	if (csum_off) {
+	if (csum_off && (flags & F_L4_CSUM)) {
 		__u16 zero16 = 0;
 		bpf_skb_store_bytes(skb, csum_off, &zero16, 2, 0);
 		// pseudo header: addresses, protocol, L4 length
