@@ -1,5 +1,6 @@
 """One row per gradient packet sent, joined from every observer, and the checks that the
-three observers of each trim (switch counters, the receiver's capture, the ps log) agree.
+observers of each trim (switch counters, the receiver's capture, its receive repair, the
+ps log) agree.
 
     packets, checks = match(RunData.open(run_dir))
     write(run_dir)   # packets.parquet and checks.json in the run directory
@@ -94,7 +95,7 @@ def sent_packets(run: RunData) -> pd.DataFrame:
 
 def _seen(cap: pd.DataFrame | None, cfg: AgentConfig, **where) -> pd.DataFrame:
     """A capture's trimlab gradient packets of this job (src/dst as given), one per key."""
-    cols = [*KEY, "ts_ns", "dscp", "length", "udp_len", "scale"]
+    cols = [*KEY, "ts_ns", "dscp", "length", "udp_payload", "scale"]
     if cap is None:
         return pd.DataFrame(columns=cols)
     sel = cap["trimlab"].to_numpy() & (cap["dport"].to_numpy() == cfg.transport.port) \
@@ -148,7 +149,7 @@ def packet_table(run: RunData) -> tuple[pd.DataFrame, dict]:
     s = pd.concat(snd, ignore_index=True).rename(columns={"ts_ns": "t_sent_ns", "dscp": "dscp_sent",
                                                           "scale": "wire_scale", "length": "wire_length"})
     r = pd.concat(rcv, ignore_index=True).rename(columns={"ts_ns": "t_recv_ns", "dscp": "dscp_recv"})
-    r["recv_len"] = r["udp_len"] - wire.UDP_LEN
+    r["recv_len"] = r["udp_payload"]  # the frame's: a switch may leave the lengths stale
     rows = rows.merge(s[[*KEY, "t_sent_ns", "dscp_sent", "wire_scale", "wire_length"]], on=KEY, how="left")
     rows = rows.merge(r[[*KEY, "t_recv_ns", "dscp_recv", "recv_len"]], on=KEY, how="left")
     rows["seen_sender"] = rows["t_sent_ns"].notna()
@@ -261,6 +262,35 @@ def _gradient_drops(run: RunData, ports: list[str]) -> int:
                if which is None or q in which)
 
 
+def _repair_checks(run: RunData, host: str, cap_trims: int | None, log_trims: int | None, lost: int) -> list[dict]:
+    """The host's receive repair as a fourth observer: every trimmed gradient packet its
+    capture saw arrive, it repaired; without one, behind a switch that leaves a trimmed
+    packet's lengths stale, the check names why the trims never reached the socket."""
+    if run.repairs is None or cap_trims is None:
+        return []
+    rep = run.repairs.get(host)
+    stale = {sw: pl for sw, pl in run.platforms.items() if pl.get("needs_repair")}
+    if rep is None:
+        if not stale or not cap_trims:
+            return []
+        got = log_trims or 0
+        names = ", ".join(f"{sw} ({pl['name']}: {', '.join(pl['stale'])} stale)" for sw, pl in stale.items())
+        return [_check(f"trimmed packets reach the socket ({host})", f"capture {host} · {host} log", cap_trims, got,
+                       AGREE if got == cap_trims else DISAGREE,
+                       f"{cap_trims - got} trimmed packets reached {host}'s port but not its socket: the switch "
+                       f"leaves lengths stale ({names}) and {host} has no receive repair (nic_host_repair: true)")]
+    if "error" in rep:
+        return [_check(f"capture trims = repaired ({host})", f"capture {host} · repair {host}", cap_trims, "unknown",
+                       NA, f"the repair's counters could not be read: {rep['error']}")]
+    got, refused = rep["repaired"], rep["refused"]
+    status = AGREE if got == cap_trims and not refused else \
+        EXPLAINED if not refused and 0 < got - cap_trims <= lost else DISAGREE
+    return [_check(f"capture trims = repaired ({host})", f"capture {host} · repair {host}", cap_trims, got, status,
+                   f"trimmed gradient packets in the capture vs the receive repair's count on {host}"
+                   + (f"; it refused {refused} inconsistent trimlab frames (left for the kernel to drop)"
+                      if refused else ""))]
+
+
 def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
     out, lost = _capture_checks(run, side)
     cfg = run.cfg
@@ -323,6 +353,7 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
                 detail += f"; {only_log} logged but not captured (tcpdump dropped {lost.get(host, 0)})"
             out.append(_check(f"capture = ps log ({host})", f"capture {host} · {host} log", len(both) + only_cap + only_log,
                               len(both), status, detail))
+        out += _repair_checks(run, host, cap_trims, log_trims, lost.get(host, 0))
         if pc is not None and not run.spec.get("congestion", {}).get("background"):
             want = _gradient_drops(run, [port])
             got = int(mine["dropped"].sum())

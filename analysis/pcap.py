@@ -6,7 +6,9 @@ field is then gathered for all packets at once with fixed-width strided views.
     df = read("run/pcaps/w1.pcap")   # one row per packet
 
 Columns: ts_ns, caplen, wirelen, ethertype, ip (4 | 6 | 0), dscp, ecn, ip_len (IPv4 total
-length / IPv6 payload length), proto, src, dst (categorical), sport, dport, udp_len, and, for
+length / IPv6 payload length, as the header says), proto, src, dst (categorical), sport, dport,
+udp_len (as the header says), udp_payload (the UDP payload bytes the frame holds: a trimmed
+packet's headers may still give its length before the cut), and, for
 UDP packets to or from `port` whose capture holds the whole trimlab header, the header's
 fields (magic … scale, from trimlab.wire.HEADER_FIELDS) plus `trimlab` (bool). Missing values
 are -1 (NaN for scale and the addresses). scapy stays for declaring and dissecting the
@@ -242,6 +244,9 @@ def _dissect(buf, data, cap, orig, ts, port) -> pd.DataFrame:
     cols["sport"] = np.where(okp, _uint(t[:, 0:2]), -1)
     cols["dport"] = np.where(okp, _uint(t[:, 2:4]), -1)
     cols["udp_len"] = np.where(oku, _uint(t[:, 4:6]), -1)
+    # what the frame holds, not what its headers say: a real switch leaves a trimmed
+    # packet's UDP and IP lengths as they were (Ethernet padding: the header's, shorter)
+    cols["udp_payload"] = np.where(oku, np.minimum(orig.astype(np.int64) - l4, cols["udp_len"]) - wire.UDP_LEN, -1)
     okh = oku & within(l4 + 8, wire.HEADER_LEN) & ((cols["dport"] == port) | (cols["sport"] == port))
     head = np.ascontiguousarray(t[:, 8:]).view(wire.HEADER_DTYPE).reshape(n)
     fields = wire.split_fields(head)

@@ -197,6 +197,30 @@ class RunData:
         return out if out["ports"] else None
 
     @cached_property
+    def repairs(self) -> dict[str, dict | None] | None:
+        """Per NIC host, what its receive repair counted over the run ({seen, repaired,
+        refused}: after − before), None for a host without one; None for a run that
+        recorded no repair status (a lab whose hosts would not say)."""
+        b, a = self.path / rundir.REPAIR_BEFORE, self.path / rundir.REPAIR_AFTER
+        if not (b.exists() and a.exists()):
+            return None
+        before, after = json.loads(b.read_text()), json.loads(a.read_text())
+        out = {}
+        for host, now in after.items():
+            was = before.get(host)
+            if now is None or "error" in now or was is None or "error" in was:
+                out[host] = None if now is None or was is None else {"error": (now.get("error") or was.get("error"))}
+                continue
+            out[host] = {k: v - was["counters"].get(k, 0) for k, v in now["counters"].items()} | {"port": now["port"]}
+        return out
+
+    @cached_property
+    def platforms(self) -> dict[str, dict]:
+        """Switch label -> its platform as the run recorded it: {name, stale (header fields
+        a trim leaves stale), needs_repair}."""
+        return self.manifest.get("platforms", {})
+
+    @cached_property
     def occupancy(self) -> pd.DataFrame:
         """Every switch's samples; ports named switch:port in a fabric."""
         parts = []

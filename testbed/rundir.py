@@ -36,6 +36,7 @@ CHECKS = "checks.json"
 LOGS, PCAPS, SWITCH, TRUTH, AGENTS = "logs", "pcaps", "switch", "truth", "agents"
 SUBDIRS = (LOGS, PCAPS, SWITCH, TRUTH)
 COUNTERS_BEFORE, COUNTERS_AFTER = "counters_before.json", "counters_after.json"  # in switch/
+REPAIR_BEFORE, REPAIR_AFTER = "repair_before.json", "repair_after.json"  # each NIC host's receive repair
 OCCUPANCY = "occupancy.csv"  # in switch/
 
 

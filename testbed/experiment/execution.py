@@ -70,8 +70,10 @@ class Execution:
             s.put(cfg_path, self.rdir(name, rundir.AGENT_CONFIG))
         self.fleet.each(one)
         self.run.record(hosts=self.facts(), agent_config=self.cfg.model_dump(mode="json"),
-                        switches=[self.p.label(sw) for sw in self.p.switches], links=self.p.links())
+                        switches=[self.p.label(sw) for sw in self.p.switches], links=self.p.links(),
+                        platforms=self.p.platforms())
         self.counters(rundir.COUNTERS_BEFORE)
+        self.repairs(rundir.REPAIR_BEFORE)
 
     def facts(self) -> dict:
         """Per host: kernel, management address, role, data addresses and switch port (the
@@ -99,6 +101,16 @@ class Execution:
             d = self.switch_dir(sw)
             d.mkdir(parents=True, exist_ok=True)
             (d / filename).write_text(r.stdout + "\n")
+
+    def repairs(self, filename: str) -> None:
+        """Each NIC host's receive repair (its port and counters; null: the host has none),
+        the fourth observer of a trim."""
+        def one(name: str, s: remote.Session):
+            r = s.run(launch.repair_status(self.p, name, self.p.entry(name).data_if), timeout=60)
+            return json.loads(r.stdout) if r.rc == 0 else {"error": (r.stderr.strip() or r.stdout)[-300:]}
+        hosts = [e.name for e in self.p.entries() if e not in self.p.switches]
+        out = {n: one(n, self.session(n)) for n in hosts}
+        (self.run.path / filename).write_text(json.dumps(out, indent=2) + "\n")
 
     def start_observers(self) -> None:
         spec, m = self.spec, self.monitor
@@ -171,6 +183,7 @@ class Execution:
                 with self.phase("collect"):
                     try:
                         self.counters(rundir.COUNTERS_AFTER)
+                        self.repairs(rundir.REPAIR_AFTER)
                     except (TrimlabError, OSError, EOFError, ValueError):
                         pass
                     collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},

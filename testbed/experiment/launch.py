@@ -45,6 +45,10 @@ def counters(p: Placement, sw: SwitchEntry, rack_args: list[str]) -> list[str]:
     return [p.cli(sw.name), "switch", "counters", "--json", *_switch_args(sw, rack_args)]
 
 
+def repair_status(p: Placement, host: str, data_if: str) -> list[str]:
+    return _agent(p, host, "repair", "status", "--dev", data_if)
+
+
 def sink(p: Placement, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
     return _agent(p, p.sink.name, "traffic", "sink", "--bind", dst, "--port", str(TRAFFIC_PORT + i),
                   "--protocol", flow.protocol)

@@ -23,7 +23,7 @@ from trimlab.config import (
 from trimlab.errors import SpecError, TrimlabError
 from trimlab.provision import render_profiles
 from trimlab.spec import ExperimentSpec, load_profile
-from trimlab.targets import get_target
+from trimlab.targets import get_target, platforms
 
 REMOTE_ROOT = "/var/tmp/trimlab"
 
@@ -62,6 +62,14 @@ class Placement:
     def virtual_switches(self) -> list[inv.SwitchEntry]:
         """The switches whose counters and queues a run reads (trimlab's virtual switch)."""
         return [s for s in self.switches if s.os == "vswitch"]
+
+    def platform(self, sw: inv.SwitchEntry) -> platforms.Platform:
+        return platforms.for_switch(sw.name, sw.os, self.rack.vars | sw.vars)
+
+    def platforms(self) -> dict[str, dict]:
+        """Switch label -> {name, stale, needs_repair}: what the analysis needs of each."""
+        return {self.label(sw): {"name": (pl := self.platform(sw)).name, "stale": pl.stale,
+                                 "needs_repair": pl.needs_repair} for sw in self.switches}
 
     def label(self, sw: inv.SwitchEntry) -> str:
         """A switch's name in the run directory: the rack's own name for it (leaf1, spine1)

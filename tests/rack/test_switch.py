@@ -1,5 +1,7 @@
 """The eBPF trimming switch, after SONiC's packet-trimming test plan, with real traffic
-through a virtual rack: scapy-built frames, sockets, tcpdump captures, switch counters."""
+through a virtual rack: scapy-built frames, sockets, tcpdump captures, switch counters.
+The switch here emulates the `ideal` platform (every length and checksum rewritten), so
+that plain sockets see the trims; what real platforms do is test_platforms.py's."""
 
 import json
 import subprocess
@@ -34,16 +36,16 @@ def fragment(ports, size=128, action="trim", budget=65536, trim_budget=65536, p=
 
 @pytest.fixture(scope="module")
 def rack4(rack_factory):
-    return rack_factory(workers=4, ps=1, rate="100mbit")
+    return rack_factory(workers=4, ps=1, rate="100mbit", platform="ideal")
 
 
 @pytest.fixture
 def sw(rack4):
     from trimlab.vrack import vswitch
     s = rack4.vswitch()
-    s.write(vswitch.default_config(rack4.ports, 100))
+    s.write(vswitch.default_config(rack4.ports, 100, platform="ideal"))
     yield s
-    s.write(vswitch.default_config(rack4.ports, 100))
+    s.write(vswitch.default_config(rack4.ports, 100, platform="ideal"))
 
 
 PS_PORT = "Ethernet16"  # rack4: w1..w4 on Ethernet0..12, ps1 on Ethernet16
@@ -118,7 +120,7 @@ def test_a_packet_shorter_than_size_is_remarked_not_cut(rack4, sw):
 
 
 def test_jumbo_frames_trim_exactly(rack_factory):
-    st = rack_factory(workers=1, ps=1, rate="1gbit", mtu=9000)
+    st = rack_factory(workers=1, ps=1, rate="1gbit", mtu=9000, platform="ideal")
     sw = st.vswitch()
     for v6 in (False, True):
         for size in (1024, 4096, 8000):

@@ -151,3 +151,24 @@ def test_big_endian_pcap(tmp_path):
     be, le = pcap.read(tmp_path / "be.pcap"), pcap.read(tmp_path / "le.pcap")
     assert be.drop(columns=["ts_ns"]).equals(le.drop(columns=["ts_ns"]))
     assert (abs(be["ts_ns"] - le["ts_ns"]) < 1000).all()
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_a_trimmed_packet_with_stale_lengths_is_measured_by_its_frame(tmp_path, v6):
+    """Real switches cut the frame and leave the IP and UDP lengths as sent: the reader's
+    udp_payload is the frame's, udp_len and ip_len stay what the headers say; a short
+    frame padded on the wire is measured by its UDP length."""
+    codec = get_codec("embedded", planes=8)
+    payload = wire.packetize(torch.randn(480), codec, coords=480, ids=wire.PacketIds(3, 9, 2, 1))[0]
+    l3 = IPv6(src="fd00:7472::a", dst="fd00:7472::e") if v6 else IP(src="198.19.0.10", dst="198.19.0.14")
+    whole = bytes(MAC() / l3 / UDP(sport=40000, dport=47000) / Raw(payload))
+    cut = Ether(whole[:128])  # stale: its headers still say len(whole)
+    padded = Ether(bytes(MAC() / IP(src="198.19.0.1", dst="198.19.0.2") / UDP(sport=5, dport=6) / Raw(b"x" * 4))
+                   + bytes(10))
+    write(tmp_path / "c.pcap", [cut, padded], "pcap")
+    df = pcap.read(tmp_path / "c.pcap")
+    l4 = 14 + (40 if v6 else 20)
+    assert df.loc[0, "udp_payload"] == 128 - l4 - 8
+    assert df.loc[0, "udp_len"] == len(whole) - l4 and df.loc[0, "length"] == len(payload)
+    assert df.loc[0, "ip_len"] == len(whole) - 14 - (40 if v6 else 0)
+    assert df.loc[1, "udp_payload"] == 4
