@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trimlab import native
+from trimlab.errors import TrimlabError
 
 PYTHON_DEPS = ("torch", "numpy", "scapy", "pydantic", "typer", "rich", "yaml")
 TOOLS = {  # command -> Debian package
@@ -93,8 +94,7 @@ def _kernel_checks() -> list[Check]:
 
 def _codec_path() -> Check:
     """Which codec path this CPU runs: the native kernels at their vector level, or torch."""
-    from trimlab.codec import native as kernels
-    from trimlab.errors import TrimlabError  # heavy (torch): only when doctor runs
+    from trimlab.codec import native as kernels  # heavy (torch): only when doctor runs
 
     levels = ", ".join(isa.name for isa in native.runnable())
     try:
@@ -114,6 +114,27 @@ def _stale_racks() -> Check:
     return Check("stale racks", not found,
                  "; ".join(f"{rid}: {why}" for rid, why in found.items()) or "none",
                  "trimlab rack down --stale  (removes only racks whose owner is gone)", required=False)
+
+
+def _receive_repair() -> Check:
+    """Every host of every rack up has the receive repair where its switch's platform
+    leaves trimmed packets' lengths stale (else its kernel drops every trim)."""
+    from trimlab.agents import repair
+    from trimlab.targets import platforms
+    from trimlab.vrack import rack
+
+    missing = []
+    for rid in rack.list_ids():
+        try:
+            st = rack.RackState.load(rid)
+        except (TrimlabError, OSError, ValueError):
+            continue
+        for h in st.nic_hosts:
+            plat = platforms.get(st.platform_of(h.switch))
+            if plat.needs_repair and os.path.exists(f"/run/netns/{h.ns}") and repair.status("eth1", h.ns) is None:
+                missing.append(f"host {h.ns} behind {h.switch} ({plat.name}: {', '.join(plat.stale)} stale)")
+    return Check("receive repair", not missing, "; ".join(missing) or "every host behind a stale-header platform has it",
+                 "trimlab rack down, then rack up without --no-repair (a lab: provision with nic_host_repair: true)")
 
 
 def run_checks() -> list[Check]:
@@ -136,6 +157,8 @@ def run_checks() -> list[Check]:
                         required=False))
     checks.append(_codec_path())
     checks.append(_stale_racks())
+    if os.geteuid() == 0:
+        checks.append(_receive_repair())
     if os.geteuid() == 0 and which("ip"):
         checks.extend(_kernel_checks())
     else:

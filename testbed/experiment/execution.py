@@ -74,6 +74,7 @@ class Execution:
                         platforms=self.p.platforms())
         self.counters(rundir.COUNTERS_BEFORE)
         self.repairs(rundir.REPAIR_BEFORE)
+        self.preflight_repairs()
 
     def facts(self) -> dict:
         """Per host: kernel, management address, role, data addresses and switch port (the
@@ -111,6 +112,29 @@ class Execution:
         hosts = [e.name for e in self.p.entries() if e not in self.p.switches]
         out = {n: one(n, self.session(n)) for n in hosts}
         (self.run.path / filename).write_text(json.dumps(out, indent=2) + "\n")
+
+    def preflight_repairs(self) -> None:
+        """Refuse to train through a switch that leaves trimmed packets' lengths stale into
+        a receiver without the receive repair (or with one for another port): its kernel
+        would drop every trim and the run would measure drops, not trims."""
+        status = json.loads((self.run.path / rundir.REPAIR_BEFORE).read_text())
+        port = self.spec.transport.port
+        for host in ([w.name for w in self.p.workers] if self.spec.topology == "sharded" else [self.p.ps.name]):
+            sw = self.p.switch_of(host)[0]
+            plat = self.p.platform(sw)
+            if not plat.needs_repair:
+                continue
+            s, data_if = status.get(host), self.p.entry(host).data_if
+            fix = (f"provision with nic_host_repair: true (nic_host_repair_port: {port}), or on the host "
+                   f"`python -m trimlab.agents.repair install --dev {data_if} --port {port}`")
+            if s is None or "error" in s:
+                why = "no receive repair" if s is None else f"its receive repair cannot be read ({s['error']})"
+                raise TrimlabError(f"host {host}: {why} on {data_if}, and switch {sw.name} ({plat.name}) leaves "
+                                   f"{', '.join(plat.stale)} of trimmed packets stale, so its kernel would drop "
+                                   f"every trim; {fix}")
+            if s["port"] != port:
+                raise TrimlabError(f"host {host}: the receive repair on {data_if} repairs UDP port {s['port']}, the "
+                                   f"run sends gradients to {port} (transport.port); {fix}")
 
     def start_observers(self) -> None:
         spec, m = self.spec, self.monitor
