@@ -157,3 +157,46 @@ def test_a_background_flow_that_fell_short_disagrees_and_says_by_how_much(tmp_pa
     assert short["status"] == match.DISAGREE and (short["expected"], short["observed"]) == (19.0, 10.9)
     assert short["detail"].startswith("flow 1 offered 10.9 of 19.0 Mbit/s (57.4%")
     assert chk["offered load = requested (flow 2)"]["status"] == match.DISAGREE
+
+
+def with_repair(run, repaired=None, refused=0, platform="sonic"):
+    """Record the switch's platform and the receiver's repair counters (None: no repair)."""
+    m = json.loads((run.path / "manifest.json").read_text())
+    stale = [] if platform == "ideal" else ["ip_length", "ipv4_checksum", "udp_length", "l4_checksum"]
+    m["platforms"] = {"sw": {"name": platform, "stale": stale, "needs_repair": bool(stale)}}
+    (run.path / "manifest.json").write_text(json.dumps(m))
+    zero = {"seen": 0, "repaired": 0, "refused": 0}
+    before = {"s-ps1": None if repaired is None else {"port": 47000, "prog_id": 1, "counters": zero}}
+    after = {"s-ps1": None if repaired is None else
+             {"port": 47000, "prog_id": 1, "counters": {"seen": 99, "repaired": repaired, "refused": refused}}}
+    (run.path / "repair_before.json").write_text(json.dumps(before))
+    (run.path / "repair_after.json").write_text(json.dumps(after))
+    return RunData.open(run.path)
+
+
+def test_the_receive_repair_is_a_fourth_observer(tmp_path):
+    _, run = build(tmp_path)
+    trims = len(TRIMS)
+    chk = {c["check"]: c for c in match.match(with_repair(run, repaired=trims))[1]}
+    c = chk["capture trims = repaired (s-ps1)"]
+    assert (c["status"], c["expected"], c["observed"]) == (match.AGREE, trims, trims)
+    c = {c["check"]: c for c in match.match(with_repair(run, repaired=trims - 1))[1]}["capture trims = repaired (s-ps1)"]
+    assert c["status"] == match.DISAGREE
+    c = {c["check"]: c for c in match.match(with_repair(run, repaired=trims, refused=2))[1]}["capture trims = repaired (s-ps1)"]
+    assert c["status"] == match.DISAGREE and "refused 2 inconsistent trimlab frames" in c["detail"]
+
+
+def test_without_the_repair_the_checks_name_the_stale_lengths(tmp_path):
+    # what a host without the repair sees behind a real switch: the trims reach its port
+    # (the capture) and never its socket (the log)
+    received_trims = {k for k in TRIMS}
+    _, run = build(tmp_path, unlogged=received_trims, late=len(received_trims))
+    chk = {c["check"]: c for c in match.match(with_repair(run, repaired=None))[1]}
+    c = chk["trimmed packets reach the socket (s-ps1)"]
+    assert c["status"] == match.DISAGREE and (c["expected"], c["observed"]) == (len(TRIMS), 0)
+    assert (f"{len(TRIMS)} trimmed packets reached s-ps1's port but not its socket: the switch leaves lengths "
+            "stale (sw (sonic: ip_length, ipv4_checksum, udp_length, l4_checksum stale)) and s-ps1 has no "
+            "receive repair") in c["detail"]
+    # the ideal switch rewrites every length: no repair needed, no such check
+    chk = {c["check"] for c in match.match(with_repair(run, repaired=None, platform="ideal"))[1]}
+    assert not any(c.startswith("trimmed packets reach the socket") for c in chk)
