@@ -177,7 +177,10 @@ class RackState:
 
     def vswitch(self, name: str | None = None) -> "vswitch.VSwitch":
         h = self.switch_named(name)
-        return vswitch.VSwitch(self.switch_pin_dir(h.name), list(self.port_rates(h.name)), self.mtu, ns=h.ns)
+        uplinks = frozenset(u.leaf_port if u.leaf == h.name else u.spine_port for u in self.uplinks
+                            if h.name in (u.leaf, u.spine))
+        return vswitch.VSwitch(self.switch_pin_dir(h.name), list(self.port_rates(h.name)), self.mtu, ns=h.ns,
+                               routed=uplinks)
 
     def save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ ACTIONS = {"drop": 0, "trim": 1}
 COUNTERS = ("TX_PKTS", "TX_BYTES", "TRIM_PKTS", "TRIM_TX_PKTS", "TRIM_DRP_PKTS", "DROP_PKTS")
 _QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then COUNTERS order below
 _GCFG = struct.Struct("<10IQ")  # ... from_tc, flags, platform (catalog index), trimmed-DSCP mask
-_PORTCFG = struct.Struct("<Q8I8BB7x")  # rate, budgets, actions, trimmed-packet DSCP
+_PORTCFG = struct.Struct("<Q8I8BBB6x")  # rate, budgets, actions, trimmed-packet DSCP, routed
 _U32 = struct.Struct("<I")
 
 
@@ -321,8 +321,10 @@ def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int
 class VSwitch:
     """A running virtual switch: its pinned maps and its ports (name -> index)."""
 
-    def __init__(self, pin_dir: Path, ports: list[str], mtu: int, ns: str | None = None):
+    def __init__(self, pin_dir: Path, ports: list[str], mtu: int, ns: str | None = None,
+                 routed: frozenset[str] = frozenset()):
         self.pin_dir, self.ports, self.mtu, self.ns = pin_dir, ports, mtu, ns
+        self.routed = routed  # ports whose next hop is a Linux router (fabric uplinks)
 
     def _map(self, name: str, size: int, spin_lock: bool = False) -> PinnedMap:
         path = self.pin_dir / name
@@ -336,7 +338,8 @@ class VSwitch:
             for i, port in enumerate(self.ports):
                 rate = cfg.speeds[port] * 1_000_000 // 8
                 acts = [ACTIONS[a] for a in cfg.actions[port]]
-                m.update(i, _PORTCFG.pack(rate, *cfg.budgets[port], *acts, cfg.port_trim_dscp(port)))
+                m.update(i, _PORTCFG.pack(rate, *cfg.budgets[port], *acts, cfg.port_trim_dscp(port),
+                                          port in self.routed))
         with self._map("dscp_queue", 4) as m:
             for d, q in enumerate(cfg.dscp_to_queue):
                 m.update(d, _U32.pack(q))
@@ -365,6 +368,7 @@ class VSwitch:
                 cfg.actions[port] = [names[a] for a in rest[NQ:2 * NQ]]
                 if cfg.tc_value is not None:
                     cfg.trim_dscp[port] = rest[2 * NQ]
+                # rest[2 * NQ + 1], routed, is the rack's wiring, not configuration
         return cfg
 
     def plan(self, doc: dict) -> tuple[SwitchConfig, SwitchConfig, dict]:

@@ -71,7 +71,8 @@ struct portcfg {
 	__u32 budget[NQ];
 	__u8 action[NQ];
 	__u8 trim_dscp;  // DSCP of packets trimmed leaving this port
-	__u8 pad[7];
+	__u8 routed;     // the far end is a Linux router (a virtual fabric's next hop)
+	__u8 pad[6];
 };
 
 struct {
@@ -273,6 +274,11 @@ int trimlab_egress(struct __sk_buff *skb)
 	}
 	__u32 l4len = len > l4 ? len - l4 : 0;
 	__u32 flags = cfg->flags;
+	// A Linux router drops a packet whose IP length exceeds its frame, where an ASIC
+	// forwards it: towards one, the IP header is made whole (the UDP fields stay as the
+	// platform leaves them, for the receiving host to repair).
+	if (pc->routed)
+		flags |= F_IP_LEN | F_IP_CSUM;
 	if (ipv6) {
 		__u8 hdr[2];
 		if (bpf_skb_load_bytes(skb, l3, hdr, 2) < 0)
