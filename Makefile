@@ -10,7 +10,7 @@ APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump openssh-s
 	tshark chromium
 STAMP := $(VENV)/.trimlab-installed
 
-.PHONY: setup apt venv test test-unit demo bench clean
+.PHONY: setup apt venv test test-unit demo bench docs clean
 
 setup: apt venv
 
@@ -48,6 +48,10 @@ demo: setup
 
 bench: setup
 	$(VENV)/bin/trimlab bench codec --json
+
+# the documentation site, served at http://127.0.0.1:8000 while you edit docs/
+docs: setup
+	$(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache

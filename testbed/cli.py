@@ -146,7 +146,7 @@ def rack_up(workers: int = typer.Option(4, help="worker hosts"),
             leaves: int = typer.Option(0, help="a routed leaf–spine fabric with this many leaves (0: one switch)"),
             spines: int = typer.Option(0, help="spines of the fabric (every leaf has an uplink to each)"),
             uplink_rate: str = typer.Option(None, help="leaf–spine link rate (default: the port rate)"),
-            platform: str = typer.Option("sonic", help="the switch platform every switch emulates "
+            platform: str = typer.Option(platforms.VIRTUAL_DEFAULT, help="the switch platform every switch emulates "
                                          "(trimlab platforms lists them)"),
             switch_platform: list[str] = typer.Option([], help="SWITCH=PLATFORM: one switch emulates another "
                                                       "platform (repeatable)"),

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trimlab import resources, wire
 from trimlab.config import GRADIENT_PORT, WorkloadConfig
 from trimlab.errors import CodecError, SpecError
+from trimlab.targets import platforms
 
 CodecName = Literal["embedded", "sign_tail", "fp32", "bf16"]
 
@@ -245,14 +246,13 @@ class VirtualRackSpec(_Strict):
     mtu: int = Field(1500, ge=1280, le=9000)
     buffer_bytes: int = Field(65536, ge=0, description="byte budget of each switch queue")
     fabric: FabricSpec | None = Field(None, description="leaves, spines, uplink_rate: a leaf–spine fabric")
-    platform: str = Field("sonic", description="the switch platform every virtual switch emulates "
+    platform: str = Field(platforms.VIRTUAL_DEFAULT, description="the switch platform every virtual switch emulates "
                                                "(`trimlab platforms`; ideal: rewrites every length and checksum)")
     switch_platforms: dict[str, str] = Field(default_factory=dict, description="a switch (sw, leaf1, spine1...) "
                                              "that emulates another platform")
 
     @model_validator(mode="after")
     def _platforms(self):
-        from trimlab.targets import platforms
         platforms.get(self.platform, "rack.virtual.platform")
         for sw, name in self.switch_platforms.items():
             platforms.get(name, f"rack.virtual.switch_platforms.{sw}")

@@ -217,3 +217,25 @@ def test_the_repair_fixes_exactly_trimmed_trimlab_datagrams(rack2):
     del ideal[IP].len, ideal[IP].chksum, ideal[UDP].len, ideal[UDP].chksum
     ideal = bytes(Ether(bytes(ideal)))
     assert _run_repair(prog, ideal) == ideal
+
+
+def test_a_run_refuses_a_receiver_without_the_repair_behind_a_stale_platform(rack_factory, tmp_path):
+    """A lab-shaped run (`rack.inventory`) on a rack whose hosts have no repair, behind the
+    default platform: provisioning keeps them as they are (nic_host_repair: false), the
+    run stops before any agent starts and says which host, which switch, how to fix."""
+    from tests.rack.test_run import SPEC, manifest, trimlab_run
+
+    st = rack_factory(workers=2, ps=1, traffic=0, rate="100mbit", repair_hosts=False)
+    assert repair.status("eth1", host(st, "ps1").ns) is None
+    spec = json.loads(json.dumps(SPEC)) | {"name": "norepair", "rack": {"inventory": str(st.inventory)}}
+    path = tmp_path / "norepair.yaml"
+    path.write_text(json.dumps(spec))
+    out = trimlab_run(path, tmp_path / "runs")
+    assert out.returncode != 0
+    run_dir = next(d for d in (tmp_path / "runs").rglob("manifest.json")).parent
+    m = manifest(run_dir)
+    assert m["status"] == "failed" and m["ended_in"] == "prepare", m
+    assert (f"host tl{st.id}-ps1: no receive repair on eth1, and switch tl{st.id}-sw (sonic) leaves ip_length, "
+            "ipv4_checksum, udp_length, l4_checksum of trimmed packets stale, so its kernel would drop every "
+            "trim; provision with nic_host_repair: true") in m["reason"]
+    assert not (run_dir / "agents").exists() or not any((run_dir / "agents").rglob("packets.csv"))

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ def test_lab_example_describes_a_real_rack():
 def test_every_field_of_the_lab_example_is_explained():
     text = LAB.read_text()
     fields = ("ansible_user", "ansible_host", "ansible_ssh_common_args", "trimlab_virtual", "data_mtu",
-              "trim_switch_os", "ports", "facing", "data_if", "role", "data_ipv4", "data_ipv6")
+              "trim_switch_os", "trim_switch_platform", "ports", "facing", "data_if", "role", "data_ipv4",
+              "data_ipv6", "nic_host_repair")
     for f in fields:
         assert any(f in line and "#" in line for line in text.splitlines()), f"{f} has no comment"
 
@@ -68,3 +70,16 @@ def test_provision_refuses_a_bad_profile_before_touching_anything(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "profile default: field size=128: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4" in out.stderr
+
+
+@pytest.mark.parametrize("platform,msg", [
+    ("tofino", "switch leaf-sonic: trim_switch_platform='tofino': unknown switch platform; use one of ideal, sonic"),
+    ("cumulus-spectrum", "switch leaf-sonic: trim_switch_platform='cumulus-spectrum' does not run trim_switch_os=sonic; "
+                         "cumulus-spectrum runs cumulus, vswitch"),
+    ("sonic-th5", "profile cumulus-default: field size=256: platform sonic-th5 allows 206 bytes only"),
+])
+def test_the_inventory_names_each_switchs_platform_and_profiles_meet_its_limits(tmp_path, platform, msg):
+    text = LAB.read_text().replace("trim_switch_platform: sonic ", f"trim_switch_platform: {platform} ")
+    (tmp_path / "lab.yml").write_text(text)
+    with pytest.raises(SpecError, match=re.escape(msg)):
+        render_profiles(inventory.load(tmp_path / "lab.yml"), "cumulus-default", tmp_path)
