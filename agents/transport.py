@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--count", type=int, default=100)
     s.add_argument("--size", type=int, default=1000, help="payload bytes, sequence number included")
     s.add_argument("--rate", type=float, default=None, help="pace to this many bits/s")
-    r = sub.add_parser("recv", help="receive and print one JSON line per datagram")
+    r = sub.add_parser("recv", help="print {\"listening\": PORT} once bound, then one JSON line per datagram")
     r.add_argument("--bind", default="0.0.0.0")
     r.add_argument("--port", type=int, default=GRADIENT_PORT)
     r.add_argument("--idle", type=float, default=1.0, help="stop after this many idle seconds")
@@ -490,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"sent": tx.sent, "bytes": tx.bytes, "sndbuf": tx.sndbuf}))
         return 0
     rx = Receiver(a.bind, a.port)
+    print(json.dumps({"listening": a.port}), flush=True)  # bound: a sender may start
     while batch := rx.recv_batch(timeout=a.idle):
         for d in batch:
             seq = _SEQ.unpack_from(d.payload)[0] if len(d.payload) >= _SEQ.size else -1

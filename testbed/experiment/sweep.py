@@ -53,6 +53,7 @@ def run(spec_path: str, inventory: str | None = None, overrides: list[str] = (),
     """Run every point of the spec; returns the run directories. RunFailed if any failed."""
     spec = load_experiment(spec_path, overrides)
     points = spec.points()
+    inventory = inventory or spec.rack.inventory  # -i, else the spec's rack.inventory
     lab = inv.load(inventory) if inventory else None
     for pt in points:  # everything validated before anything is touched
         check_profile(pt, lab)

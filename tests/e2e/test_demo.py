@@ -1,4 +1,5 @@
-"""`make demo`: the default experiment on a fresh virtual rack, end to end."""
+"""`make demo`: the default experiment on a fresh virtual rack, end to end, with every
+observer of every trim agreeing."""
 
 import json
 import os
@@ -23,3 +24,10 @@ def test_make_demo_runs_the_default_experiment_with_trims(tmp_path):
     assert r["switch"]["TRIM_PKTS"] > 0 and r["ps"]["trimmed"] > 0
     assert r["parameters_identical"] and r["test_acc"] > 0.8
     assert "run default succeeded" in out.stdout
+    # the demo rehearses what a lab sees: a switch that leaves trimmed packets' lengths
+    # stale, the hosts' receive repair, and every observer agreeing on every trim
+    assert [p["name"] for p in m["platforms"].values()] == ["sonic"]
+    checks = json.loads((run_dir / "checks.json").read_text())
+    assert checks["all_agree"], [c for c in checks["checks"] if c["status"] != "agree"]
+    (rep,) = [c for c in checks["checks"] if c["check"].startswith("capture trims = repaired")]
+    assert rep["observed"] == rep["expected"] > 0

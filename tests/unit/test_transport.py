@@ -113,7 +113,7 @@ def test_bad_values():
 def test_command_line_send_and_receive():
     rx = subprocess.Popen([sys.executable, "-m", "trimlab.agents.transport", "recv", "--bind", "127.0.0.1",
                            "--port", "47999", "--idle", "1"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    assert json.loads(rx.stdout.readline()) == {"listening": 47999}  # bound: send now
     tx = subprocess.run([sys.executable, "-m", "trimlab.agents.transport", "send", "--dst", "127.0.0.1",
                          "--port", "47999", "--dscp", "46", "--count", "20", "--size", "64"],
                         capture_output=True, text=True, check=True)
