@@ -41,13 +41,14 @@ class _Strict(BaseModel):
 class WorkloadConfig(_Strict):
     """What to train; also the spec's `workload:` section."""
 
-    kind: Literal["digits", "synthetic", "mnist1d", "cifar10", "cifar100", "custom", "ddp"] = "digits"
+    kind: Literal["digits", "synthetic", "mnist1d", "cifar10", "cifar100", "custom", "ddp"] = Field(
+        "digits", description="what trains: a dataset with trimlab's agents, a custom model, or a DDP script (ddp)")
     data: Literal["digits", "mnist1d"] = Field("digits", description="ddp: the dataset the DDP script trains on")
-    model: Literal["mlp", "cnn"] = "mlp"
-    steps: int = Field(100, ge=1, le=1_000_000)
-    batch: int = Field(64, ge=1, le=65536)
-    lr: float = Field(0.1, gt=0, le=10)
-    momentum: float = Field(0.0, ge=0, lt=1)
+    model: Literal["mlp", "cnn"] = Field("mlp", description="the model (cnn: 1-D for sequences)")
+    steps: int = Field(100, ge=1, le=1_000_000, description="training steps")
+    batch: int = Field(64, ge=1, le=65536, description="samples a worker takes each step")
+    lr: float = Field(0.1, gt=0, le=10, description="SGD learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
     eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
     factory: str | None = Field(None, description="custom: 'package.module:function' returning a torch module")
     dataset: str | None = Field(None, description="custom: path to a local dataset; cifar10/cifar100: the "

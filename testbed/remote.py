@@ -10,6 +10,7 @@ and stopping every remote process a session started (by its process group).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import socket
@@ -177,10 +178,33 @@ class Session:
                 pass
         self.client.close()
 
+    @property
+    def connected(self) -> bool:
+        t = self.client.get_transport()
+        return t is not None and t.is_active()
+
+    @contextlib.contextmanager
+    def _alive(self):
+        """paramiko's errors of a dead connection, as the RemoteError every caller handles."""
+        import paramiko  # loaded already: the session holds a client
+
+        if not self.connected:
+            raise RemoteError(f"host {self.host.name}: lost its SSH connection")
+        try:
+            yield
+        except paramiko.SSHException as exc:
+            raise RemoteError(f"host {self.host.name}: lost its SSH connection ({exc})") from None
+
     def _channel(self, command: str):
-        chan = self.client.get_transport().open_session()
-        chan.exec_command(command)
+        with self._alive():
+            chan = self.client.get_transport().open_session()
+            chan.exec_command(command)
         return chan
+
+    @contextlib.contextmanager
+    def _sftp(self):
+        with self._alive(), self.client.open_sftp() as sftp:
+            yield sftp
 
     @staticmethod
     def _pump(chan, out: _LineSink, err: _LineSink, deadline: float | None) -> bool:
@@ -194,8 +218,9 @@ class Session:
             while chan.recv_stderr_ready():
                 err.feed(chan.recv_stderr(65536))
                 got = True
-            if (chan.exit_status_ready() and chan.eof_received and not chan.recv_ready()
-                    and not chan.recv_stderr_ready()):
+            # done: the command exited and said all, or the connection died (closed, no status)
+            if ((chan.exit_status_ready() and chan.eof_received) or chan.closed) and not chan.recv_ready() \
+                    and not chan.recv_stderr_ready():
                 out.feed(b"", final=True)
                 err.feed(b"", final=True)
                 return True
@@ -260,19 +285,19 @@ class Session:
         return proc
 
     def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None:
-        with self.client.open_sftp() as sftp:
+        with self._sftp() as sftp:
             sftp.put(str(local), remote, callback=progress)
 
     def get(self, remote: str, local: Path, progress: Callable[[int, int], None] | None = None) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
-        with self.client.open_sftp() as sftp:
+        with self._sftp() as sftp:
             sftp.get(remote, str(local), callback=progress)
 
 
     def get_tree(self, remote: str, local: Path) -> list[Path]:
         """Copy a remote directory tree (regular files only); returns the local files."""
         got = []
-        with self.client.open_sftp() as sftp:
+        with self._sftp() as sftp:
             todo = [(remote, local)]
             while todo:
                 rdir, ldir = todo.pop()

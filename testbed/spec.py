@@ -233,17 +233,17 @@ RATE_PATTERN = r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$"
 class FabricSpec(_Strict):
     """A routed leaf–spine fabric instead of one switch (`trimlab rack up --leaves --spines`)."""
 
-    leaves: int = Field(2, ge=2, le=4)
-    spines: int = Field(1, ge=1, le=4)
+    leaves: int = Field(2, ge=2, le=4, description="leaf switches; hosts spread over them")
+    spines: int = Field(1, ge=1, le=4, description="spine switches; every leaf has an uplink to each")
     uplink_rate: str | None = Field(None, pattern=RATE_PATTERN,
                                     description="leaf–spine link rate (default: the port rate)")
 
 
 class VirtualRackSpec(_Strict):
-    workers: int = Field(4, ge=1, le=32)
-    traffic_hosts: int = Field(1, ge=0, le=2)
-    rate: str = Field("1gbit", pattern=RATE_PATTERN)
-    mtu: int = Field(1500, ge=1280, le=9000)
+    workers: int = Field(4, ge=1, le=32, description="worker hosts")
+    traffic_hosts: int = Field(1, ge=0, le=2, description="hosts that send the background flows")
+    rate: str = Field("1gbit", pattern=RATE_PATTERN, description="every data port's rate, e.g. 100mbit")
+    mtu: int = Field(1500, ge=1280, le=9000, description="the data network's MTU")
     buffer_bytes: int = Field(65536, ge=0, description="byte budget of each switch queue")
     fabric: FabricSpec | None = Field(None, description="leaves, spines, uplink_rate: a leaf–spine fabric")
     platform: str = Field(platforms.VIRTUAL_DEFAULT, description="the switch platform every virtual switch emulates "
@@ -263,7 +263,8 @@ class VirtualRackSpec(_Strict):
 
 
 class RackSpec(_Strict):
-    virtual: VirtualRackSpec | None = Field(default_factory=VirtualRackSpec)
+    virtual: VirtualRackSpec | None = Field(default_factory=VirtualRackSpec, description="a virtual rack "
+                                            "brought up for the run (the default)")
     inventory: str | None = Field(None, description="a lab inventory instead of the virtual rack")
 
     @model_validator(mode="after")
@@ -274,9 +275,9 @@ class RackSpec(_Strict):
 
 
 class CodecSpec(_Strict):
-    name: CodecName = "embedded"
-    params: dict[str, Any] = Field(default_factory=dict)
-    span: int = Field(4096, ge=32, le=1 << 20)
+    name: CodecName = Field("embedded", description="how gradients are encoded into packets")
+    params: dict[str, Any] = Field(default_factory=dict, description="the codec's parameters, e.g. planes: 16")
+    span: int = Field(4096, ge=32, le=1 << 20, description="coordinates rotated together (a power of two)")
     coords: int | None = Field(None, description="coordinates per packet (default: fill the MTU)")
 
     @model_validator(mode="after")
@@ -296,10 +297,11 @@ class CodecSpec(_Strict):
 class TransportSpec(_Strict):
     dscp: int = Field(10, ge=0, le=63, description="DSCP of gradient packets (trimmable)")
     control_dscp: int = Field(46, ge=0, le=63, description="DSCP of parameters (not trimmable)")
-    deadline_ms: float = Field(200.0, gt=0, le=60_000)
-    pacing: str | None = Field(None, pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
-    port: int = Field(GRADIENT_PORT, ge=1024, le=65535)
-    ipv6: bool = False
+    deadline_ms: float = Field(200.0, gt=0, le=60_000, description="how long a receiver waits for a step's packets")
+    pacing: str | None = Field(None, pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$",
+                               description="pace each sender to this rate (default: as fast as the NIC)")
+    port: int = Field(GRADIENT_PORT, ge=1024, le=65535, description="UDP port of gradients (parameters: port + 1)")
+    ipv6: bool = Field(False, description="the data network's IPv6 addresses instead of IPv4")
 
     @model_validator(mode="after")
     def _classes(self):
@@ -310,24 +312,28 @@ class TransportSpec(_Strict):
 
 
 class BackgroundFlow(_Strict):
-    rate: str = Field(pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$")
-    dscp: int = Field(0, ge=0, le=63)
+    rate: str = Field(pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$", description="the rate asked (checked against "
+                      "what the sender delivered)")
+    dscp: int = Field(0, ge=0, le=63, description="its class: the same as gradients' to congest their queue")
     protocol: Literal["udp", "tcp"] = "udp"
-    pattern: Literal["constant", "on_off"] = "constant"
+    pattern: Literal["constant", "on_off"] = Field("constant", description="on_off: on_ms sending, off_ms silent")
     on_ms: float = Field(100.0, gt=0)
     off_ms: float = Field(100.0, ge=0)
 
 
 class CongestionSpec(_Strict):
-    incast: bool = True
-    background: list[BackgroundFlow] = Field(default_factory=list)
-    inject_probability: float = Field(0.0, ge=0.0, le=1.0)
+    incast: bool = Field(True, description="every worker sends to one receiver at once")
+    background: list[BackgroundFlow] = Field(default_factory=list, description="flows from the traffic hosts into "
+                                             "the first worker's port")
+    inject_probability: float = Field(0.0, ge=0.0, le=1.0, description="the virtual switch trims or drops this "
+                                      "fraction of eligible packets whatever the load")
     inject_action: Literal["trim", "drop"] = "trim"
 
 
 class CaptureSpec(_Strict):
-    points: list[Literal["workers", "ps", "switch"]] = Field(default_factory=lambda: ["workers", "ps"])
-    sender_snaplen: int = Field(128, ge=64, le=65535)
+    points: list[Literal["workers", "ps", "switch"]] = Field(default_factory=lambda: ["workers", "ps"],
+                                                             description="where tcpdump captures")
+    sender_snaplen: int = Field(128, ge=64, le=65535, description="bytes kept of each packet at the senders")
 
 
 class TruthSpec(_Strict):
@@ -343,20 +349,21 @@ SWEEPABLE = ("seed", "topology", "profile", "codec.name", "codec.params", "workl
 class ExperimentSpec(_Strict):
     """One experiment: everything a run needs, validated before the rack is touched."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    seed: int = Field(0, ge=0, lt=1 << 32)
-    job: int = Field(1, ge=0, lt=1 << 16)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="names the run directory")
+    seed: int = Field(0, ge=0, lt=1 << 32, description="model, data order and codec randomness")
+    job: int = Field(1, ge=0, lt=1 << 16, description="in every packet's header: receivers take only their own")
     topology: Literal["ps", "sharded"] = Field("ps", description="ps: N workers → 1 ps (incast); "
                                                "sharded: each worker owns 1/N of the gradient")
-    rack: RackSpec = Field(default_factory=RackSpec)
-    profile: str = "default"
+    rack: RackSpec = Field(default_factory=RackSpec, description="where it runs")
+    profile: str = Field("default", description="the trimming profile (switch_configs/profiles, TRIMLAB_PROFILES)")
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     codec: CodecSpec = Field(default_factory=CodecSpec)
     transport: TransportSpec = Field(default_factory=TransportSpec)
     congestion: CongestionSpec = Field(default_factory=CongestionSpec)
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     truth: TruthSpec = Field(default_factory=TruthSpec)
-    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="key path -> values: one run per "
+                                        "combination of them (the keys are listed below the table)")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="the test accuracy comparisons time "
                                           "runs to (default: 95 % of the best final accuracy among them)")
     seeds: list[int] = Field(default_factory=list, description="repeat every point with each of these seeds "

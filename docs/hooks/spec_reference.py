@@ -44,7 +44,10 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 def table(model_name: str) -> str:
     from trimlab import spec
     model = getattr(spec, model_name)
-    return "\n".join(["| key | type | default | what it is |", "| --- | --- | --- | --- |", *_rows(model)])
+    out = "\n".join(["| key | type | default | what it is |", "| --- | --- | --- | --- |", *_rows(model)])
+    if model_name == "ExperimentSpec":
+        out += "\n\nSweepable keys: " + ", ".join(f"`{k}`" for k in spec.SWEEPABLE) + "."
+    return out
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -107,7 +107,10 @@ class Execution:
         """Each NIC host's receive repair (its port and counters; null: the host has none),
         the fourth observer of a trim."""
         def one(name: str, s: remote.Session):
-            r = s.run(launch.repair_status(self.p, name, self.p.entry(name).data_if), timeout=60)
+            try:
+                r = s.run(launch.repair_status(self.p, name, self.p.entry(name).data_if), timeout=60)
+            except remote.RemoteError as exc:
+                return {"error": str(exc)}
             return json.loads(r.stdout) if r.rc == 0 else {"error": (r.stderr.strip() or r.stdout)[-300:]}
         hosts = [e.name for e in self.p.entries() if e not in self.p.switches]
         out = {n: one(n, self.session(n)) for n in hosts}
@@ -139,8 +142,9 @@ class Execution:
     def start_observers(self) -> None:
         spec, m = self.spec, self.monitor
         for sw in self.p.virtual_switches:
+            # essential: it also watches that the program stays attached to every port
             self.start(sw.name, "sampler", launch.sampler(self.p, sw, self.rdir(sw.name, rundir.OCCUPANCY),
-                                                          self._rack_args()), essential=False)
+                                                          self._rack_args()), essential=True)
         points = spec.capture.points
         targets = []
         if "workers" in points:

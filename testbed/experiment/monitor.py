@@ -84,7 +84,11 @@ class Monitor:
                 rc = a.proc.wait(1)
                 if rc != 0 or a.kind not in ("worker", "ps"):
                     log = self.logs / rundir.log_file(a.host, a.kind)
-                    tail = [ln for ln in log.read_text().splitlines() if ln.strip()][-1:] if log.exists() else []
+                    tail = [ln.removeprefix("[stderr] ") for ln in log.read_text().splitlines()
+                            if ln.strip()][-1:] if log.exists() else []
+                    if rc in (None, -1) and not a.proc.session.connected:
+                        raise RunFailed(f"host {a.host}: lost its SSH connection while its {a.kind} ran "
+                                        "(its sshd was killed, or the host went away)")
                     how = f"exited {rc}" if rc not in (None, -1) else "was killed"
                     raise RunFailed(f"host {a.host}: {a.kind} {how}" + (f": {tail[0]}" if tail else ""))
 

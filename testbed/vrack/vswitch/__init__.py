@@ -46,6 +46,10 @@ class SwitchError(TrimlabError):
     """The virtual switch cannot be built or reached."""
 
 
+class ProgramDetached(SwitchError):
+    """The trimming program left a port while the switch was in use."""
+
+
 def build() -> Path:
     """Compile trim.c (once per source and flags: cached by their hash)."""
     try:
@@ -388,6 +392,14 @@ class VSwitch:
         self.write(cfg)
         return cfg
 
+    def detached_ports(self) -> list[str]:
+        """The ports whose tc egress no longer runs this switch's program."""
+        prog = json.loads(_sh("bpftool", "-j", "prog", "show", "pinned", str(self.pin_dir / "prog")).stdout)["id"]
+        nets = json.loads(_sh("bpftool", "-j", "net", "show", ns=self.ns).stdout)
+        on = {e["devname"] for d in nets for e in d.get("tc", [])
+              if e.get("kind") == "clsact/egress" and e.get("id") == prog}
+        return [p for p in self.ports if p not in on]
+
     def queue_counters(self) -> dict[str, list[dict[str, int]]]:
         """Per port, per queue: SONiC-named counters plus occupancy and its peak (bytes)."""
         out = {}
@@ -427,11 +439,13 @@ def drained(occ: int, elapsed_ns: int, rate: int) -> int:
 
 
 def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | None = None,
-           stop=None) -> int:
+           stop=None, watch_s: float = 1.0) -> int:
     """Record occupancy and counters of every (port, queue) every `interval` seconds into
     a CSV until `duration` passes, `stop` (a threading.Event-like) is set or the rack goes
     down. Rows are flushed as they are written, so a killed sampler keeps what it saw.
-    Returns the number of samples."""
+    Every `watch_s` it checks that the program is still on every port: ProgramDetached
+    otherwise (a run that goes on would measure a switch that no longer trims). Returns
+    the number of samples."""
     t0 = time.time()
     n = 0
     with open(out, "w", newline="") as f:
@@ -452,6 +466,15 @@ def sample(sw: VSwitch, out: Path, interval: float = 0.01, duration: float | Non
                                 *(r[c] for c in COUNTERS)])
             f.flush()
             n += 1
+            if sw.ns and n % max(1, round(watch_s / interval)) == 0:
+                try:
+                    gone = sw.detached_ports()
+                except SwitchError:  # the rack went down: its pins are gone
+                    break
+                if gone:
+                    raise ProgramDetached(f"the trimming program is no longer attached to {', '.join(gone)} "
+                                          "(its tc egress filter is gone): the switch forwards without trimming "
+                                          "or counting")
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))
     return n
