@@ -10,6 +10,7 @@ so a failed or interrupted run keeps what it collected and says why.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import importlib.metadata as md
 import json
 import os
@@ -22,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trimlab import __version__
+from trimlab.errors import TrimlabError
 
 # -- the layout: the only place that names a file in a run directory ---------------------------
 SCHEMA_VERSION = 1  # of this layout, in every manifest; bump it when a name or a format changes
 
 MANIFEST = "manifest.json"
+SPACE_RESERVE = ".space_reserve"  # freed for the manifest's last words when the disk fills
+RESERVE_BYTES = 256 * 1024
 AGENT_CONFIG = "agent.json"  # trimlab.config.AgentConfig, as the agents got it
 INVENTORY = "inventory.yml"
 SWEEP_POINTS = "sweep.json"  # a sweep's directory: the names of its points
@@ -129,6 +133,12 @@ def versions() -> dict[str, str]:
     return out
 
 
+class DiskFull(TrimlabError):
+    """The run directory's filesystem filled up during a run."""
+
+    exit_code = 1
+
+
 @dataclass
 class RunDir:
     path: Path
@@ -165,14 +175,31 @@ class RunDir:
             "pid": os.getpid(),
             "owner": owner(),
         }
+        # space set aside for the manifest's last words if the filesystem fills up
+        (path / SPACE_RESERVE).write_bytes(bytes(RESERVE_BYTES))
         run = cls(path, manifest)
         run.save()
         return run
 
     def save(self) -> None:
         tmp = self.path / f"{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n")
+        text = json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n"
+        try:
+            tmp.write_text(text)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno != errno.ENOSPC or not self._release_reserve():
+                raise
+            tmp.write_text(text)  # the reserve's space: the manifest can still say what happened
         tmp.replace(self.path / MANIFEST)  # readers never see half a manifest
+
+    def _release_reserve(self) -> bool:
+        """Free the space set aside at create; False if it was freed already."""
+        reserve = self.path / SPACE_RESERVE
+        if not reserve.exists():
+            return False
+        reserve.unlink()
+        return True
 
     def record(self, **fields) -> None:
         """Add to the manifest (inventory, host facts, counters...) and write it now."""
@@ -184,6 +211,7 @@ class RunDir:
             raise ValueError(f"status {status!r}")
         self.manifest.update(status=status, reason=reason,
                              finished=dt.datetime.now(dt.timezone.utc).isoformat())
+        self._release_reserve()
         self.save()
 
     def enter_phase(self, name: str) -> None:
@@ -206,6 +234,11 @@ class RunDir:
         elif isinstance(exc, KeyboardInterrupt):
             self.finish("interrupted", interrupted_reason(exc, self.manifest.get("ended_in",
                                                                                 self.manifest.get("phase"))))
+        elif isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            reason = (f"no space left on device{f' writing {exc.filename}' if exc.filename else ''}: the "
+                      f"filesystem of {self.path.parent} is full (free space, or give --runs on another one)")
+            self.finish("failed", reason)
+            raise DiskFull(reason) from None
         else:
             self.finish("failed", f"{type(exc).__name__}: {exc}")
         return False  # never swallow the exception

@@ -3,6 +3,7 @@ run's results from it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from pathlib import Path
@@ -26,7 +27,11 @@ def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remot
             s.run(["rm", "-rf", remote_dirs[name]], timeout=60)
             s.run(["rmdir", "--ignore-fail-on-non-empty", remote_root], timeout=60)
             return got
-        except (TrimlabError, OSError, EOFError) as exc:
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # not this host's fault: the run directory is full
+                raise
+            return f"{name}: {exc}"
+        except (TrimlabError, EOFError) as exc:
             return f"{name}: {exc}"
 
     errors = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -214,9 +215,14 @@ class Execution:
                         self.repairs(rundir.REPAIR_AFTER)
                     except (TrimlabError, OSError, EOFError, ValueError):
                         pass
-                    collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},
-                                    self.remote_dir, {sw.name: self.switch_dir(sw) for sw in self.p.switches})
-                    self.fleet.close()
+                    try:
+                        collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},
+                                        self.remote_dir, {sw.name: self.switch_dir(sw) for sw in self.p.switches})
+                    finally:
+                        self.fleet.close()
+                        if self.rack_id:  # a virtual rack's hosts share this machine's files: what
+                            # they could not remove (a host cut off, a collection that failed) goes now
+                            shutil.rmtree(self.remote_dir, ignore_errors=True)
             self.run.record(phases_s=self.phases)
         return collect.results(self.run, self.p, self.spec.workload.steps, self.monitor.training.script_results,
                                self.t0)

@@ -1,10 +1,12 @@
 """Faults inside a run, each ending it with a named cause, the rack torn down and nothing
-left: the switch's program detached from a port, a host's sshd killed. Each waits for
-training to be under way (a worker logged a step), never for a time."""
+left: the switch's program detached from a port, a host's sshd killed, the run
+directory's filesystem full. Each waits for training to be under way (a worker logged a
+step), never for a time."""
 
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +68,26 @@ def test_a_killed_sshd_fails_the_run_by_name(tmp_path):
     assert m["status"] == "failed" and m["ended_in"] == "training", m
     assert f"host {ns}: lost its SSH connection" in m["reason"], m["reason"]
     assert_nothing_of(rid)
+    assert not Path(f"/var/tmp/trimlab/{run_dir.name}").exists()  # what w1 could not remove went too
+
+
+def test_a_full_run_directory_fails_the_run_by_name(tmp_path):
+    """The runs directory on a 600 KiB tmpfs: the captures cannot all come back. The space
+    set aside at the run's start keeps the manifest's last words."""
+    from tests.rack.test_run import assert_nothing_left, trimlab_run
+
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(full)], check=True)
+    try:
+        out = trimlab_run(write_spec(tmp_path, name="full"), full / "runs")
+        assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+        assert "error: no space left on device" in out.stderr, out.stderr[-2000:]
+        (run_dir,) = (full / "runs").iterdir()
+        m = manifest(run_dir)
+        assert m["status"] == "failed" and m["ended_in"] == "collect", m
+        assert m["reason"] == (f"no space left on device: the filesystem of {full / 'runs'} is full (free space, "
+                               "or give --runs on another one)")
+        assert_nothing_left(m["rack_id"], run_dir.name)
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
