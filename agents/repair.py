@@ -63,16 +63,26 @@ def remove(dev: str, ns: str | None = None) -> None:
 
 
 def status(dev: str, ns: str | None = None) -> dict | None:
-    """{"port", "prog_id", "counters": {seen, repaired, refused}}, or None when `dev` has no repair."""
-    out = _sh("tc", "filter", "show", "dev", dev, "ingress", "pref", str(PREF), ns=ns, check=False).stdout
-    m = re.search(r"handle (0x[0-9a-f]+) .* id (\d+) name trimlab_repair", out)
+    """{"port", "prog_id", "counters": {seen, repaired, refused}}, or None when `dev` has no
+    repair; counters None (and counters_error) where this user may not read them."""
+    shown = _sh("tc", "filter", "show", "dev", dev, "ingress", "pref", str(PREF), ns=ns, check=False).stdout
+    m = re.search(r"handle (0x[0-9a-f]+) .* id (\d+) name trimlab_repair", shown)
     if not m:
         return None
-    prog = json.loads(_sh("bpftool", "-j", "prog", "show", "id", m.group(2)).stdout)
+    out = {"port": int(m.group(1), 16), "prog_id": int(m.group(2)), "counters": None}
+    try:  # reading a program's maps needs root (CAP_BPF); seeing the filter does not
+        out["counters"] = _counters(m.group(2), dev)
+    except RepairError as exc:
+        out["counters_error"] = str(exc)
+    return out
+
+
+def _counters(prog_id: str, dev: str) -> dict[str, int]:
+    prog = json.loads(_sh("bpftool", "-j", "prog", "show", "id", prog_id).stdout)
     maps = [json.loads(_sh("bpftool", "-j", "map", "show", "id", str(i)).stdout) for i in prog.get("map_ids", [])]
     ids = [mp["id"] for mp in maps if mp.get("name") == "counters"]
     if not ids:
-        raise RepairError(f"{dev}: the repair program {m.group(2)} has no counters map")
+        raise RepairError(f"{dev}: the repair program {prog_id} has no counters map")
     dump = json.loads(_sh("bpftool", "-j", "map", "dump", "id", str(ids[0])).stdout)
     values = [0] * len(COUNTERS)
     for e in dump:
@@ -83,7 +93,7 @@ def status(dev: str, ns: str | None = None) -> dict | None:
             v = int.from_bytes(bytes(int(b, 16) for b in v), "little")
         if k < len(values):
             values[k] = int(v)
-    return {"port": int(m.group(1), 16), "prog_id": int(m.group(2)), "counters": dict(zip(COUNTERS, values))}
+    return dict(zip(COUNTERS, values))
 
 
 def main(argv: list[str] | None = None) -> int:

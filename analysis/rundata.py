@@ -208,8 +208,12 @@ class RunData:
         out = {}
         for host, now in after.items():
             was = before.get(host)
-            if now is None or "error" in now or was is None or "error" in was:
-                out[host] = None if now is None or was is None else {"error": (now.get("error") or was.get("error"))}
+            if now is None or was is None:
+                out[host] = None
+                continue
+            if now.get("counters") is None or was.get("counters") is None:  # unreadable (not root)
+                out[host] = {"error": now.get("error") or now.get("counters_error") or was.get("error")
+                             or was.get("counters_error")}
                 continue
             out[host] = {k: v - was["counters"].get(k, 0) for k, v in now["counters"].items()} | {"port": now["port"]}
         return out

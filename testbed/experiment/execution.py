@@ -14,7 +14,7 @@ from trimlab import remote, rundir
 from trimlab.errors import TrimlabError
 from trimlab.experiment import collect, launch
 from trimlab.experiment.monitor import Agent, Monitor
-from trimlab.experiment.placement import REMOTE_ROOT, Placement, agent_config
+from trimlab.experiment.placement import REMOTE_ROOT, Placement, RunFailed, agent_config
 from trimlab.experiment.progress import TrainingView
 from trimlab.rundir import RunDir
 from trimlab.spec import ExperimentSpec
@@ -133,11 +133,11 @@ class Execution:
                    f"`python -m trimlab.agents.repair install --dev {data_if} --port {port}`")
             if s is None or "error" in s:
                 why = "no receive repair" if s is None else f"its receive repair cannot be read ({s['error']})"
-                raise TrimlabError(f"host {host}: {why} on {data_if}, and switch {sw.name} ({plat.name}) leaves "
+                raise RunFailed(f"host {host}: {why} on {data_if}, and switch {sw.name} ({plat.name}) leaves "
                                    f"{', '.join(plat.stale)} of trimmed packets stale, so its kernel would drop "
                                    f"every trim; {fix}")
             if s["port"] != port:
-                raise TrimlabError(f"host {host}: the receive repair on {data_if} repairs UDP port {s['port']}, the "
+                raise RunFailed(f"host {host}: the receive repair on {data_if} repairs UDP port {s['port']}, the "
                                    f"run sends gradients to {port} (transport.port); {fix}")
 
     def start_observers(self) -> None:

@@ -133,7 +133,7 @@ class SwitchConfig:
     inject_probability: float = 0.0
     inject_action: str = "trim"
     inject_seed: int = 0
-    platform: str = "ideal"  # the switch model this one emulates (fixed at rack up)
+    platform: str = platforms.VIRTUAL_DEFAULT  # the switch model it emulates (fixed at rack up)
 
     def port_trim_dscp(self, port: str) -> int:
         return self.trim_dscp[port] if self.tc_value is not None else self.dscp_value
