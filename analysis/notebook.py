@@ -106,7 +106,7 @@ class Comparison:
                 "training": figures.training_overlay(self.curves)}
 
     def _repr_html_(self) -> str:
-        cols = ["run", "status", "codec", "action", "inject_p", "background_flows", "trimmed_rate",
+        cols = ["run", "status", "codec", "action", "inject_p", "load", "achieved", "peak_occupancy", "trimmed_rate",
                 "dropped_rate", "final_acc", "steps_to_target", "seconds_to_target", "wall_s"]
         return self.table[[c for c in cols if c in self.table]].to_html(index=False)
 

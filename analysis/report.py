@@ -100,6 +100,7 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
            "parameters_identical": res.get("parameters_identical")}
     sw = res.get("switch", {})
     out |= {"switch_trims": sw.get("TRIM_PKTS"), "switch_drops": sw.get("DROP_PKTS")}
+    out |= achieved_load(res.get("background", {})) | congestion(run)
     if rows is not None and len(rows):
         n = len(rows)
         out |= {"sent": n, "trimmed": int(rows["trimmed"].sum()), "dropped": int(rows["dropped"].sum()),
@@ -107,6 +108,33 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
         out["affected_rate"] = out["trimmed_rate"] + out["dropped_rate"]
         t = rows[rows["trimmed"] & rows["nmse"].notna()]
         out["median_nmse_trimmed"] = float(t["nmse"].median()) if len(t) else None
+    return out
+
+
+def achieved_load(background: dict) -> dict:
+    """What the background flows delivered beside what was asked: `achieved` in words
+    ("18.9 of 19 Mbit/s", "short" where a flow fell below the tolerance), `load_short`."""
+    if not background:
+        return {"achieved": "-", "load_short": False}
+    flows = [background[k] for k in sorted(background, key=int)]
+    short = [f["offered_bps"] < (1 - match.LOAD_TOLERANCE) * f["requested_bps"] for f in flows]
+    text = " + ".join(f"{f['offered_bps'] / 1e6:.3g} of {f['requested_bps'] / 1e6:.3g} Mbit/s" for f in flows)
+    return {"achieved": text + (" (short)" if any(short) else ""), "load_short": any(short)}
+
+
+def congestion(run: RunData) -> dict:
+    """The congestion the run produced, from the switch's samples: the fullest queue's peak
+    occupancy against its budget, and how long it was full (within one MTU of its budget)."""
+    occ = run.occupancy
+    budget = ((run.profile or {}).get("buffer") or {}).get("queue_bytes")
+    if not len(occ):
+        return {"peak_occupancy": None, "buffer_bytes": budget, "full_s": None}
+    out = {"peak_occupancy": int(occ["PEAK_OCCUPANCY"].max()), "buffer_bytes": budget, "full_s": None}
+    if budget:
+        frame = (run.cfg.mtu if run.cfg is not None else 1500) + 14
+        step = float(occ.groupby(["port", "queue"])["time_s"].diff().median() or 0.0)
+        full = occ[occ["OCCUPANCY"] + frame > budget].groupby(["port", "queue"]).size()
+        out["full_s"] = round(float(full.max()) * step, 3) if len(full) else 0.0
     return out
 
 
@@ -149,6 +177,8 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
         for k in ("contender", "load", "codec", "action", "inject_p", "comm"):
             if k in g:
                 row[k] = g[k].iloc[0]
+        if "achieved" in g:  # every seed's, so that a short one shows
+            row["achieved"] = "; ".join(dict.fromkeys(g["achieved"].astype(str)))
         for m in ("final_acc", "steps_to_target", "seconds_to_target"):
             got = g[m].dropna() if m in g else pd.Series(dtype=float)
             never = len(g) - len(got)
@@ -166,7 +196,8 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary_html(s: dict, run: RunData) -> str:
-    keys = ["status", "reason", "codec", "topology", "inject_p", "action", "background_flows", "steps",
+    keys = ["status", "reason", "codec", "topology", "inject_p", "action", "background_flows", "load", "achieved",
+            "peak_occupancy", "buffer_bytes", "full_s", "steps",
             "final_acc", "wall_s", "sent", "trimmed", "dropped", "trimmed_rate", "dropped_rate",
             "switch_trims", "switch_drops", "median_nmse_trimmed", "parameters_identical"]
     def cls(k):  # the run's status is coloured
@@ -302,9 +333,9 @@ def results(paths: list[str | Path], target_fraction: float = 0.95,
 
 def compare(paths: list[str | Path], out: str | Path, target: float | None = None) -> Path:
     df, curves = results(paths, target=target)
-    cols = ["run", "status", "contender", "load", "codec", "inject_p", "action", "background_flows",
-            "trimmed_rate", "dropped_rate", "final_acc", "steps_to_target", "seconds_to_target",
-            "median_nmse_trimmed", "wall_s"]
+    cols = ["run", "status", "contender", "load", "achieved", "peak_occupancy", "buffer_bytes", "full_s", "codec",
+            "inject_p", "action", "background_flows", "trimmed_rate", "dropped_rate", "final_acc",
+            "steps_to_target", "seconds_to_target", "median_nmse_trimmed", "wall_s"]
     table = df[[c for c in cols if c in df]].to_dict("records")
     for row in table:  # a run that never reached the target says so
         for k in ("steps_to_target", "seconds_to_target"):
@@ -316,8 +347,8 @@ def compare(paths: list[str | Path], out: str | Path, target: float | None = Non
     sections = []
     agg = aggregate(df) if len(df) else pd.DataFrame()
     if len(agg) and (agg["seeds"] > 1).any():
-        shown = ["point", "contender", "load", "inject_p", "seeds", "final_acc_text", "steps_to_target_text",
-                 "seconds_to_target_text"]
+        shown = ["point", "contender", "load", "achieved", "inject_p", "seeds", "final_acc_text",
+                 "steps_to_target_text", "seconds_to_target_text"]
         rows = agg[[c for c in shown if c in agg]].rename(columns=lambda c: c.replace("_text", "")).to_dict("records")
         sections += [
             ("Time to target against load", _figure(figures.time_to_target(agg), "fig-time-to-target") + target_line),

@@ -127,3 +127,22 @@ def test_contenders_are_named_by_what_the_switch_does():
     assert report.contender("trimlab", "sign_tail", inj) == "trimlab drop sign_tail"
     assert report.contender("trimlab", "sign_tail", {"inject_probability": 0.0, "inject_action": "drop"}) == \
         "trimlab trim sign_tail"
+
+
+def test_a_loaded_point_states_the_load_it_got_and_the_congestion_it_made(tmp_path, run_dir):
+    """The comparison shows what each background flow delivered beside the rate asked, and
+    marks a point whose flow fell short; every run states its fullest queue's peak against
+    its budget and how long it was full."""
+    m = json.loads((run_dir / "manifest.json").read_text())
+    m["results"]["background"] = {"0": {"requested_bps": 19e6, "offered_bps": 10.9e6, "on_s": 5.0, "ratio": 0.574}}
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+    (run_dir / "switch" / "default.yml").write_text("name: default\nsize: 128\nbuffer: {queue_bytes: 8192}\n")
+    s = report.summary(RunData.open(run_dir), None)
+    assert s["achieved"] == "10.9 of 19 Mbit/s (short)" and s["load_short"]
+    # the synthetic port's queue 1 sits at 8 000 of 8 192 bytes (within a frame of full) half
+    # of its 50 samples, 10 ms apart
+    assert (s["peak_occupancy"], s["buffer_bytes"], s["full_s"]) == (8000, 8192, 0.25)
+    assert report.achieved_load({"0": {"requested_bps": 19e6, "offered_bps": 18.9e6}}) == \
+        {"achieved": "18.9 of 19 Mbit/s", "load_short": False}
+    page = report.compare([run_dir], tmp_path / "cmp.html").read_text()
+    assert "10.9 of 19 Mbit/s (short)" in page
