@@ -35,7 +35,7 @@ def rack_factory():
     def make(rack_id=None, workers=2, ps=1, traffic=0, rate="100mbit", mtu=1500, delay=0.0, **fabric):
         st = rack.plan(rack_id or new_id(), workers, ps, traffic, rate, mtu, delay, **fabric)
         built.append(st)
-        return rack.up(st)
+        return rack.up(st, owned=True)  # a killed test run leaves a stale rack: `rack down --stale`
 
     yield make
     for st in built:
