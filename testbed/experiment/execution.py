@@ -58,7 +58,10 @@ class Execution:
         return a
 
     def _rack_args(self) -> list[str]:
-        return ["--id", self.rack_id] if self.rack_id else []
+        """Which virtual rack the switch commands address: the run's own, or the one a
+        virtual rack's inventory names (given with -i, while other racks may be up)."""
+        rid = self.rack_id or self.p.rack.vars.get("trimlab_rack_id")
+        return ["--id", str(rid)] if rid else []
 
     # phases
     def prepare(self) -> None:
