@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trimlab.errors import SpecError
 
+REMOTE_ROOT = "/var/tmp/trimlab"  # on every host: one folder per run, the agents' files
 GRADIENT_PORT = 47000  # gradient packets; the reliable control channel is GRADIENT_PORT + 1
 TRAFFIC_PORT = 48000  # background flow i: TRAFFIC_PORT + i
 RENDEZVOUS_PORT = 29500  # torch.distributed's rendezvous at rank 0, on the management network

@@ -14,7 +14,8 @@ from trimlab import remote, rundir
 from trimlab.errors import TrimlabError
 from trimlab.experiment import collect, launch
 from trimlab.experiment.monitor import Agent, Monitor
-from trimlab.experiment.placement import REMOTE_ROOT, Placement, RunFailed, agent_config
+from trimlab.config import REMOTE_ROOT
+from trimlab.experiment.placement import Placement, RunFailed, agent_config
 from trimlab.experiment.progress import TrainingView
 from trimlab.rundir import RunDir
 from trimlab.spec import ExperimentSpec

@@ -25,7 +25,6 @@ from trimlab.provision import render_profiles
 from trimlab.spec import ExperimentSpec, load_profile
 from trimlab.targets import get_target, platforms
 
-REMOTE_ROOT = "/var/tmp/trimlab"
 
 
 class RunFailed(TrimlabError):

@@ -12,6 +12,7 @@ them even when the state file is gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,7 +29,7 @@ import yaml
 
 from trimlab import rundir
 from trimlab.agents import repair
-from trimlab.config import parse_rate
+from trimlab.config import REMOTE_ROOT, parse_rate
 from trimlab.errors import SpecError, TrimlabError
 from trimlab.targets import platforms
 from trimlab.vrack import vswitch
@@ -658,6 +659,11 @@ def down(st: RackState) -> None:
     _kill_pidfiles(st.dir / "run")
     _remove(f"tl{st.id}-")
     vswitch.unpin(st.pin_dir)
+    # the hosts' run files (on this machine): what a run killed outright could not collect
+    for host_dir in Path(REMOTE_ROOT).glob(f"*/tl{st.id}-*"):
+        shutil.rmtree(host_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            host_dir.parent.rmdir()  # the run's folder, once no rack's host is left in it
     if st.dir.exists():
         shutil.rmtree(st.dir, ignore_errors=True)
 

@@ -176,6 +176,7 @@ def test_sigkill_leaves_a_died_run_and_a_stale_rack_that_reclaim_removes_alone(t
         out = subprocess.run([TRIMLAB, "rack", "down", "--stale"], capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 0 and f"rack {rack_id} reclaimed" in out.stdout, out.stdout + out.stderr
         assert_nothing_of(rack_id)
+        assert not Path(f"/var/tmp/trimlab/{run_dir.name}").exists()  # the hosts' run files went too
         for k in kept:
             assert leftovers(k.id)["namespaces"] and rack_processes(k.id)
     finally:
