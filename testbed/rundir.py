@@ -19,6 +19,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,9 +227,17 @@ class RunDir:
             self.record(ended_in=name)
 
     def __enter__(self) -> "RunDir":
+        on_overdue_stop(f"run {self.path}", self._overdue)
         return self
 
+    def _overdue(self) -> None:
+        sig = received_signal()
+        self.finish("interrupted", f"interrupted by {signal.Signals(sig).name} during "
+                    f"{self.manifest.get('ended_in', self.manifest.get('phase'))}; its clean-up overran "
+                    f"{STOP_GRACE_S:g} s and was cut short")
+
     def __exit__(self, kind, exc, tb) -> bool:
+        on_overdue_stop(f"run {self.path}", None)
         if exc is None:
             if self.manifest["status"] == "running":  # not already finished with a reason
                 self.finish("succeeded")
@@ -305,6 +315,31 @@ class Interrupted(KeyboardInterrupt):
 
 _received: list[int] = []
 
+# Clean-up after a stop signal is bounded: past this many seconds the process runs the
+# registered last resorts (take down the racks it is building or owns) and exits 128 +
+# signum, even when a step of the clean-up hangs (an unreachable host, a stuck collect).
+STOP_GRACE_S = float(os.environ.get("TRIMLAB_STOP_GRACE_S", "45"))
+_last_resorts: dict[str, Callable[[], None]] = {}
+
+
+def on_overdue_stop(key: str, fn: Callable[[], None] | None) -> None:
+    """Register (or, with None, drop) what to do if a stop's clean-up overruns its grace."""
+    if fn is None:
+        _last_resorts.pop(key, None)
+    else:
+        _last_resorts[key] = fn
+
+
+def _overdue_stop(signum: int) -> None:
+    print(f"error: clean-up after {signal.Signals(signum).name} took over {STOP_GRACE_S:g} s: "
+          "taking down what is left and exiting", file=sys.stderr, flush=True)
+    for key, fn in list(_last_resorts.items()):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the others still run; the exit still comes
+            print(f"error: last-resort clean-up of {key} failed: {exc}", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
 
 def received_signal() -> int | None:
     """The first stop signal this process received (None: none)."""
@@ -313,11 +348,14 @@ def received_signal() -> int | None:
 
 def stop_signals_as_interrupt() -> None:
     """Make SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread, once: the
-    first one unwinds, the ones after it are noted and ignored, so that clean-up finishes
-    (a supervisor's SIGKILL after its grace period is the only way to cut it short)."""
+    first one unwinds, the ones after it are noted and ignored, so that clean-up finishes;
+    a clean-up that overruns STOP_GRACE_S is cut short by the last resorts."""
     def handler(signum, frame):
         _received.append(signum)
         if len(_received) == 1:
+            timer = threading.Timer(STOP_GRACE_S, _overdue_stop, args=(signum,))
+            timer.daemon = True  # a clean-up that finishes in time exits without waiting for it
+            timer.start()
             raise Interrupted(signum)
 
     for sig in STOP_SIGNALS:

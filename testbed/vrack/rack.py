@@ -453,6 +453,7 @@ def up(st: RackState, owned: bool = False) -> RackState:
     process takes it down when done, so once the process is gone the rack is stale."""
     st.owner = rundir.owner() if owned else None
     st.save()  # first, so that `down` finds a half-built rack
+    rundir.on_overdue_stop(f"rack {st.id}", lambda: down(st))
     try:
         _keys(st)
         _run("ip", "link", "add", st.bridge, "type", "bridge")
@@ -492,6 +493,8 @@ def up(st: RackState, owned: bool = False) -> RackState:
     except BaseException:
         down(st)
         raise
+    if not owned:  # left up on purpose: a later stop signal is not this rack's
+        rundir.on_overdue_stop(f"rack {st.id}", None)
     return st
 
 
@@ -656,6 +659,7 @@ def _kill_pidfiles(run_dir: Path) -> None:
 
 def down(st: RackState) -> None:
     """Remove everything of rack `st`: processes, namespaces, links, pins, its directory."""
+    rundir.on_overdue_stop(f"rack {st.id}", None)
     _kill_pidfiles(st.dir / "run")
     _remove(f"tl{st.id}-")
     vswitch.unpin(st.pin_dir)

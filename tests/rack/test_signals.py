@@ -5,6 +5,7 @@ and exits with 128 + the signal number. Each case waits for the phase to be reac
 manifest names it; the rack's namespaces exist), never for a time."""
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -83,69 +84,95 @@ def _phase(runs: Path, phase: str, step: int = 0):
     return d
 
 
-@pytest.mark.parametrize("sig,phase", [(signal.SIGTERM, "training"), (signal.SIGHUP, "training"),
-                                       (signal.SIGINT, "training"), (signal.SIGTERM, "provision")],
-                         ids=["SIGTERM-training", "SIGHUP-training", "SIGINT-training", "SIGTERM-provision"])
-def test_a_signalled_run_is_interrupted_and_leaves_nothing(tmp_path, sig, phase):
-    spec = write_spec(tmp_path, name="sig", workload={"kind": "digits", "model": "mlp", "steps": 5000,
-                                                       "batch": 32, "lr": 0.1, "momentum": 0.9})
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen([TRIMLAB, "run", str(spec), "--runs", str(runs)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _cmdlines() -> list[str]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                out.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return out
+
+
+def _running(fragment: str) -> bool:
+    return any(fragment in c for c in _cmdlines())
+
+
+def _namespaces_of(rack_id: str) -> bool:
+    from tests.rack.test_rack import leftovers
+    return bool(leftovers(rack_id)["namespaces"])
+
+
+# command -> its argv (given a tmp dir and a fresh rack id), the rack id it builds, and its
+# two phases: name -> the event that says the phase is under way
+LONG_TRAINING = {"kind": "digits", "model": "mlp", "steps": 5000, "batch": 32, "lr": 0.1, "momentum": 0.9}
+MATRIX = {
+    "run": (lambda tmp, rid: ["run", str(write_spec(tmp, name="sig", workload=LONG_TRAINING)),
+                              "--runs", str(tmp / "runs")],
+            None,  # a run picks its rack id: the manifest names it
+            {"provision": lambda tmp, rid: _phase(tmp / "runs", "provision"),
+             "training": lambda tmp, rid: _phase(tmp / "runs", "training", step=3)}),
+    "rack up": (lambda tmp, rid: ["rack", "up", "--id", rid, "--workers", "4"], "",
+                {"namespaces": lambda tmp, rid: _namespaces_of(rid),
+                 "daemons": lambda tmp, rid: _running(f"/racks/{rid}/run/sshd_")}),
+    "bench transport": (lambda tmp, rid: ["bench", "transport", "--quick", "--json"], "btr",
+                        {"rack": lambda tmp, rid: _namespaces_of(rid),
+                         "measuring": lambda tmp, rid: _running("-m trimlab.bench.transport")}),
+    "bench ddp": (lambda tmp, rid: ["bench", "ddp", "--quick", "--json"], "bdd",
+                  {"rack": lambda tmp, rid: _namespaces_of(rid),
+                   "training": lambda tmp, rid: _running("ddp_train.py")}),
+}
+CASES = [(cmd, phase, sig) for cmd, (_, _, phases) in MATRIX.items() for phase in phases
+         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+
+
+@pytest.mark.parametrize("command,phase,sig", CASES, ids=[f"{c.replace(' ', '-')}-{p}-{s.name}" for c, p, s in CASES])
+def test_a_signalled_command_exits_128_plus_signum_and_leaves_nothing(tmp_path, command, phase, sig):
+    """Every command that builds state, stopped by every stop signal in each of two phases:
+    exit 128 + signum, nothing of its rack left (namespaces, links, pins, processes); a run
+    records `interrupted` with the signal and the phase and keeps what it collected; a
+    bench prints no half result."""
+    argv, rid, phases = MATRIX[command]
+    rid = new_id() if rid == "" else rid
+    proc = subprocess.Popen([TRIMLAB, *argv(tmp_path, rid)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        run_dir = wait_for(lambda: _phase(runs, phase, step=3 if phase == "training" else 0), proc,
-                           f"phase {phase}")
-        rack_id = manifest(run_dir)["rack_id"]
+        reached = wait_for(lambda: phases[phase](tmp_path, rid), proc, f"{command}: phase {phase}")
         proc.send_signal(sig)
+        signalled = time.monotonic()
         out, err = proc.communicate(timeout=300)
+        took = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    _record(command, phase, sig, proc.returncode, took)
     assert proc.returncode == 128 + sig, err[-3000:]
-    m = manifest(run_dir)
-    assert m["status"] == "interrupted", m
-    assert m["reason"] == f"interrupted by {sig.name}" + (" (Ctrl-C)" if sig == signal.SIGINT else "") + f" during {phase}"
-    if phase == "training":  # what it collected is kept
-        assert any((run_dir / "logs").iterdir()) and (run_dir / "agents").exists()
-    assert_nothing_of(rack_id)
-    listing = subprocess.run([TRIMLAB, "runs", str(runs)], capture_output=True, text=True, cwd=ROOT)
-    assert "interrupted" in listing.stdout
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_rack_up_signalled_midway_takes_down_what_it_built(sig):
-    rid = new_id()
-    proc = subprocess.Popen([TRIMLAB, "rack", "up", "--id", rid, "--workers", "4"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: leftovers(rid)["namespaces"], proc, "the first namespace")
-        proc.send_signal(sig)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + sig
+    assert "clean-up after" not in err, err[-3000:]  # ended within its grace, not cut short
+    if command == "run":
+        run_dir = reached
+        rid = manifest(run_dir)["rack_id"]
+        m = manifest(run_dir)
+        assert m["status"] == "interrupted", m
+        name = sig.name + (" (Ctrl-C)" if sig == signal.SIGINT else "")
+        assert m["reason"] == f"interrupted by {name} during {phase}"
+        if phase == "training":  # what it collected is kept
+            assert any((run_dir / "logs").iterdir()) and (run_dir / "agents").exists()
+        listing = subprocess.run([TRIMLAB, "runs", str(tmp_path / "runs")], capture_output=True, text=True, cwd=ROOT)
+        assert "interrupted" in listing.stdout
+    elif command.startswith("bench"):
+        assert out.strip() == ""  # no half result printed as if complete
     assert_nothing_of(rid)
 
 
-def test_bench_transport_signalled_takes_its_rack_down():
-    proc = subprocess.Popen([TRIMLAB, "bench", "transport", "--quick", "--json"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # the bench's rack is up: its ps's sshd answers (its known_hosts is written last)
-        from trimlab.vrack import rack
-        wait_for(lambda: (rack.racks_dir() / "btr" / "inventory.yml").exists(), proc, "the bench's rack")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert json.loads(out or "null") is None  # no half result printed as if complete
-    assert_nothing_of("btr")
+def _record(command, phase, sig, rc, took):
+    """With TRIMLAB_SIGNAL_MATRIX=FILE, each case appends its outcome (the docs' table)."""
+    path = os.environ.get("TRIMLAB_SIGNAL_MATRIX")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"command": command, "phase": phase, "signal": sig.name, "exit": rc,
+                                "signal_to_exit_s": round(took, 2)}) + "\n")
 
 
 def test_sigkill_leaves_a_died_run_and_a_stale_rack_that_reclaim_removes_alone(tmp_path):

@@ -1,5 +1,7 @@
 import datetime as dt
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -73,6 +75,35 @@ finally:
     m = json.loads((run / "manifest.json").read_text())
     name = "SIGINT (Ctrl-C)" if sig == "SIGINT" else sig
     assert m["status"] == "interrupted" and m["reason"] == f"interrupted by {name} during training"
+
+
+def test_a_clean_up_that_overruns_its_grace_is_cut_short_by_the_last_resorts(tmp_path):
+    """The bound on a stop: a clean-up that hangs (here: a `finally` that waits forever)
+    is cut short once the grace has passed; the registered last resorts still run (a rack
+    taken down, the manifest marked) and the process exits 128 + signum."""
+    code = f"""
+import os, signal, threading
+from trimlab import rundir
+from trimlab.rundir import RunDir, stop_signals_as_interrupt
+from trimlab.spec import ExperimentSpec, validated
+stop_signals_as_interrupt()
+rundir.on_overdue_stop("rack x", lambda: open({str(tmp_path / "rack-down")!r}, "w").close())
+with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})) as r:
+    r.enter_phase("training")
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        threading.Event().wait()  # a clean-up step that never returns
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=os.environ | {"TRIMLAB_STOP_GRACE_S": "0.5"})
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr
+    assert "clean-up after SIGTERM took over 0.5 s" in out.stderr
+    assert (tmp_path / "rack-down").exists()
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "interrupted"
+    assert m["reason"] == "interrupted by SIGTERM during training; its clean-up overran 0.5 s and was cut short"
 
 
 def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):
