@@ -28,11 +28,19 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+# Strict editable mode: the package is a tree of links to the sources, a plain path that
+# import-linter and IDEs follow. A file added, removed or renamed needs the tree rebuilt:
+# the folders' modification times tell make when.
+PACKAGE_DIRS := $(addsuffix /.,$(shell find core testbed agents analysis bench switch_configs playbooks experiments examples \
+	-type d -not -name __pycache__ 2>/dev/null))
+
+$(STAMP): pyproject.toml $(PACKAGE_DIRS) | $(PY)
+	@echo "setup: torch $(TORCH_VERSION)"
+	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
 	  || $(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@echo "setup: trimlab and its dependencies (editable, strict)"
+	@$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	@touch $(STAMP)
 
 venv: $(STAMP)
 	@echo "setup: venv ready ($(VENV))"

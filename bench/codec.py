@@ -15,7 +15,7 @@ import torch
 
 from trimlab import wire
 from trimlab.agents.transport import hold_heap
-from trimlab.codec import CODECS, CodecContext, get_codec, native
+from trimlab.codec import CODECS, CodecContext, get_codec, kernels
 from trimlab.codec.embedded import distortion
 from trimlab.errors import TrimlabError
 
@@ -141,12 +141,12 @@ def _context(codec, seed: int) -> CodecContext:
 def _timed_on(codec, x: torch.Tensor, ctx: CodecContext, reps: int, threads: int) -> dict:
     """The implementation in use for `codec`, timed (its kernels on `threads` threads)."""
     impl = codec.implementation("cpu")
-    native.set_threads(threads)
+    kernels.set_threads(threads)
     try:
         return {"implementation": impl, "threads": threads if impl == "native" else 1,
                 **_medians(codec, x, ctx, reps)}
     finally:
-        native.set_threads(1)
+        kernels.set_threads(1)
 
 
 def roundtrip(x: torch.Tensor, reps: int, seed: int, threads: int = 1) -> dict:

@@ -32,9 +32,9 @@ from trimlab.config import (
     TransportConfig,
     WorkloadConfig,
 )
-from trimlab.spec import load_profile
-from trimlab.targets import Port, get_target
-from trimlab.vrack import rack
+from trimlab.testbed.spec import load_profile
+from trimlab.testbed.targets import Port, get_target
+from trimlab.testbed.vrack import rack
 
 SCRIPT = resources.example_ddp_script()
 MASTER_PORT = 29600

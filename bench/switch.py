@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from trimlab import native, resources
-from trimlab.vrack import rack, vswitch
+from trimlab.testbed.vrack import rack, vswitch
 
 SOURCE = resources.c_source("bench", "blast.c")
 

@@ -15,13 +15,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trimlab import provision as prov
+from trimlab.testbed import provision as prov
 from trimlab import resources, rundir
-from trimlab.doctor import run_checks
+from trimlab.testbed.doctor import run_checks
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.spec import TrimPlan, load_profile, validated
-from trimlab.targets import Port, get_target, platforms
-from trimlab.vrack import rack, vswitch
+from trimlab.testbed.spec import TrimPlan, load_profile, validated
+from trimlab.testbed.targets import Port, get_target, platforms
+from trimlab.testbed.vrack import rack, vswitch
 
 app = typer.Typer(help="trimlab: ML training over packet-trimming switches.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -297,7 +297,7 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
                quick: bool = typer.Option(False, help="50 k packets instead of 1 M"),
                packets: int = typer.Option(None, min=1000, help="packets in the capture")):
     """Packets/s of the capture reader on a 1 M-packet capture, vs dpkt and tshark -T fields."""
-    from trimlab.bench.pcap import run  # heavy (torch, pandas): only for this command
+    from trimlab.bench.pcap_read import run  # heavy (torch, pandas): only for this command
 
     result = run(quick=quick, packets=packets)
     print(json.dumps(result, indent=None if as_json else 2))
@@ -307,7 +307,7 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
 def bench_transport(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
                     quick: bool = typer.Option(False, help="1 s points, 3 rounds")):
     """Gradient packets/s a worker sends and a ps receives and decodes, ÷ blast.c's rate."""
-    from trimlab.bench.transport import run  # heavy (torch): only for this command
+    from trimlab.bench.transport_rate import run  # heavy (torch): only for this command
 
     result = run(quick=quick)
     print(json.dumps(result, indent=None if as_json else 2))
@@ -359,13 +359,13 @@ def run_cmd(spec: str = typer.Argument(..., help="experiment spec (YAML), e.g. e
             keep_rack: bool = typer.Option(False, "--keep-rack", help="leave the virtual rack up"),
             runs: str = typer.Option("runs", help="directory for run directories")):
     """Run an experiment (every point of its sweep): rack, provisioning, agents, artifacts."""
-    from trimlab import experiment  # heavy (torch, pandas): only for this command
+    from trimlab.testbed import orchestrator  # heavy (torch, pandas): only for this command
 
     for rid, why in rack.stale().items():
         err_console.print(f"[yellow]warning:[/] stale rack {rid} ({why}): `trimlab rack down --stale` "
                           "removes it", highlight=False)
     try:
-        experiment.run(spec, inventory, overrides, keep_rack, Path(runs), console=console)
+        orchestrator.run(spec, inventory, overrides, keep_rack, Path(runs), console=console)
     except KeyboardInterrupt as exc:
         err_console.print(f"[red]{rundir.interrupted_reason(exc)}:[/] agents stopped, rack taken down, "
                           "run marked interrupted")

@@ -94,7 +94,7 @@ def _kernel_checks() -> list[Check]:
 
 def _codec_path() -> Check:
     """Which codec path this CPU runs: the native kernels at their vector level, or torch."""
-    from trimlab.codec import native as kernels  # heavy (torch): only when doctor runs
+    from trimlab.codec import kernels  # heavy (torch): only when doctor runs
 
     levels = ", ".join(isa.name for isa in native.runnable())
     try:
@@ -108,7 +108,7 @@ def _codec_path() -> Check:
 
 def _stale_racks() -> Check:
     """Racks left behind by a killed or crashed run (their owner is gone)."""
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
 
     found = rack.stale()
     return Check("stale racks", not found,
@@ -120,8 +120,8 @@ def _receive_repair() -> Check:
     """Every host of every rack up has the receive repair where its switch's platform
     leaves trimmed packets' lengths stale (else its kernel drops every trim)."""
     from trimlab.agents import repair
-    from trimlab.targets import platforms
-    from trimlab.vrack import rack
+    from trimlab.testbed.targets import platforms
+    from trimlab.testbed.vrack import rack
 
     missing = []
     for rid in rack.list_ids():

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trimlab.errors import SpecError
-from trimlab.spec import read_yaml
-from trimlab.targets import TARGETS
+from trimlab.testbed.spec import read_yaml
+from trimlab.testbed.targets import TARGETS
 
 ROLES = ("worker", "ps", "traffic")
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from trimlab import inventory as inv
+from trimlab.testbed import inventory as inv
 from trimlab import resources
 from trimlab.errors import TrimlabError
-from trimlab.spec import load_profile
-from trimlab.targets import Port, get_target
-from trimlab.vrack import rack
+from trimlab.testbed.spec import load_profile
+from trimlab.testbed.targets import Port, get_target
+from trimlab.testbed.vrack import rack
 
 PLAYBOOK_DIR = resources.playbooks()
 CONNECT_TIMEOUT_S = 10

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trimlab import resources, wire
 from trimlab.config import GRADIENT_PORT, WorkloadConfig
 from trimlab.errors import CodecError, SpecError
-from trimlab.targets import platforms
+from trimlab.testbed.targets import platforms
 
 CodecName = Literal["embedded", "sign_tail", "fp32", "bf16"]
 

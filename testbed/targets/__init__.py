@@ -10,10 +10,10 @@ The templates live in switch_configs/<target>/; a driver only prepares their con
 from __future__ import annotations
 
 from trimlab.errors import SpecError
-from trimlab.targets.base import Port, Rendered, SwitchTarget
-from trimlab.targets.cumulus import Cumulus
-from trimlab.targets.sonic import Sonic
-from trimlab.targets.vswitch import VSwitchTarget
+from trimlab.testbed.targets.base import Port, Rendered, SwitchTarget
+from trimlab.testbed.targets.cumulus import Cumulus
+from trimlab.testbed.targets.sonic import Sonic
+from trimlab.testbed.targets.vswitch import VSwitchTarget
 
 TARGETS: dict[str, type[SwitchTarget]] = {t.name: t for t in (Sonic, Cumulus, VSwitchTarget)}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from trimlab.targets.base import Port, Rendered, SwitchTarget
+from trimlab.testbed.targets.base import Port, Rendered, SwitchTarget
 
 
 class Cumulus(SwitchTarget):

@@ -9,7 +9,7 @@ import ipaddress
 import json
 
 from trimlab.errors import SpecError
-from trimlab.targets.base import Port, Rendered, SwitchTarget
+from trimlab.testbed.targets.base import Port, Rendered, SwitchTarget
 
 
 class Sonic(SwitchTarget):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from trimlab.targets.base import Port, Rendered, SwitchTarget
-from trimlab.targets.sonic import Sonic
+from trimlab.testbed.targets.base import Port, Rendered, SwitchTarget
+from trimlab.testbed.targets.sonic import Sonic
 
 MIN_TRIM_SIZE = 14 + 40 + 8  # Ethernet + IPv6 + UDP: every trimmed packet keeps its L4 header
 

@@ -31,8 +31,8 @@ from trimlab import rundir
 from trimlab.agents import repair
 from trimlab.config import REMOTE_ROOT, parse_rate
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.targets import platforms
-from trimlab.vrack import vswitch
+from trimlab.testbed.targets import platforms
+from trimlab.testbed.vrack import vswitch
 
 BPF_ROOT = Path("/sys/fs/bpf")
 DATA_V4 = "198.19.0"

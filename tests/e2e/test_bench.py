@@ -6,7 +6,7 @@ from trimlab.codec import CODECS
 
 
 def test_bench_codec_quick_prints_its_json():
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "codec", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "bench", "codec", "--json", "--quick"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -36,7 +36,7 @@ def test_bench_codec_quick_prints_its_json():
 
 
 def test_bench_pcap_quick_compares_with_dpkt_and_tshark():
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "pcap", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "bench", "pcap", "--json", "--quick"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

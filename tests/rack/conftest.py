@@ -28,7 +28,7 @@ def new_id() -> str:
 def rack_factory():
     """rack_factory(**options) -> RackState; all of them go down at module end."""
     require_root()
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
 
     built = []
 

@@ -7,7 +7,7 @@ from tests.rack.conftest import require_root
 
 def test_bench_switch_quick_prints_its_json():
     require_root()
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "switch", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "bench", "switch", "--json", "--quick"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
@@ -25,7 +25,7 @@ def test_bench_transport_quick_prints_its_json():
     """Our sender and our receive-and-decode path against blast.c on the same path, with and
     without every packet trimmed; the receiver really decoded (trimmed) gradient packets."""
     require_root()
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "transport", "--json", "--quick"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "bench", "transport", "--json", "--quick"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)

@@ -65,7 +65,7 @@ def test_ddp_script_trains_through_trims_with_identical_parameters(tmp_path):
 
 
 def test_bench_ddp_quick():
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "ddp", "--json", "--quick"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "bench", "ddp", "--json", "--quick"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)

@@ -4,7 +4,7 @@ import sys
 
 
 def test_doctor_passes_on_this_machine(root_only):
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "doctor", "--json"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "doctor", "--json"],
                          capture_output=True, text=True, timeout=120)
     checks = json.loads(out.stdout)
     failed = [c for c in checks if c["required"] and not c["ok"]]

@@ -12,7 +12,7 @@ import yaml
 
 from tests.rack.conftest import ROOT, Receiver, new_id, ns_python, require_root
 
-CLI = [sys.executable, "-m", "trimlab.cli"]
+CLI = [sys.executable, "-m", "trimlab.testbed.cli"]
 SWITCHES = ("leaf1", "leaf2", "spine1", "spine2")
 
 
@@ -33,7 +33,7 @@ def port_tx(st, sw, port):
 
 
 def test_layout_and_inventory(fabric):
-    from trimlab import inventory
+    from trimlab.testbed import inventory
     hosts = {h.name: h for h in fabric.nic_hosts}
     assert {n: hosts[n].switch for n in hosts} == {"w1": "leaf1", "w2": "leaf2", "ps1": "leaf1", "tr1": "leaf2"}
     inv = inventory.load(fabric.inventory)
@@ -94,7 +94,7 @@ def test_trimmed_at_a_spine_arrives_cut_and_is_counted_there_only(fabric):
 
 
 def test_every_switch_is_provisioned_through_ansible(fabric):
-    from trimlab import provision
+    from trimlab.testbed import provision
     out = provision.run(fabric.inventory, profile="sonic-default")
     assert out.rc == 0 and not out.failures, out.failures
     assert {h for h, r in out.hosts.items() if r.changed} >= {f"tl{fabric.id}-{s}" for s in SWITCHES}
@@ -108,7 +108,7 @@ def test_asymmetric_profile_marks_trims_by_the_facing_of_the_port(fabric):
     """Provisioned with the asymmetric profile (from-tc): a packet trimmed leaving a spine
     (network-facing) arrives with DSCP 10, one trimmed leaving leaf1 towards its host
     with DSCP 20, so the receiver can tell where the congestion was."""
-    from trimlab import provision
+    from trimlab.testbed import provision
     out = provision.run(fabric.inventory, profile="asymmetric")
     assert out.rc == 0 and not out.failures, out.failures
     assert fabric.vswitch("leaf1").read().trim_dscp["Ethernet240"] == 10
@@ -143,7 +143,7 @@ def test_bad_fabric_options_touch_nothing():
 
 def test_down_leaves_nothing(rack_factory):
     from tests.rack.test_rack import assert_clean, sshd_pids
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     st = rack_factory(workers=2, ps=0, traffic=0, leaves=2, spines=1, uplink_rate="50mbit")
     assert st.vswitch("spine1").read().speeds == {"Ethernet0": 50, "Ethernet4": 50}
     assert st.vswitch("leaf1").read().speeds == {"Ethernet0": 100, "Ethernet240": 50}
@@ -212,7 +212,7 @@ def test_down_all_after_sigkill_mid_up_of_a_fabric():
     from pathlib import Path
 
     from tests.rack.test_rack import assert_clean, leftovers
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     rid = new_id()
     proc = subprocess.Popen(CLI + ["rack", "up", "--id", rid, "--workers", "4", "--leaves", "2", "--spines", "2"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

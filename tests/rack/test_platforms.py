@@ -23,7 +23,7 @@ from trimlab.agents import repair
 from trimlab.codec import get_codec
 from trimlab.config import GRADIENT_PORT
 from trimlab.errors import SpecError
-from trimlab.targets import platforms
+from trimlab.testbed.targets import platforms
 
 TOS = (10 << 2) | 1  # DSCP 10 (queue 1, trimmable), ECT(1)
 
@@ -46,7 +46,7 @@ def gradient_frames(st, src, dst, v6, tos=TOS):
 
 def emulate(st, name, size=None):
     """The rack's switch emulates platform `name`, trimming queue 1 at injection p = 1."""
-    from trimlab.vrack import vswitch
+    from trimlab.testbed.vrack import vswitch
     plat = platforms.get(name)
     sw = st.vswitch()
     sw.write(vswitch.default_config(st.ports, 100, platform=name))
@@ -85,8 +85,8 @@ def test_trimmed_gradients_reach_the_socket_with_the_repair_and_are_lost_without
 
 
 def test_th5_refuses_a_128_byte_profile_and_trims_to_206(rack2):
-    from trimlab.spec import TrimProfile
-    from trimlab.targets import get_target
+    from trimlab.testbed.spec import TrimProfile
+    from trimlab.testbed.targets import get_target
 
     emulate(rack2, "sonic-th5")
     with pytest.raises(SpecError, match="SWITCH_TRIMMING|GLOBAL.size: 128; platform sonic-th5 trims to 206 bytes only"):
@@ -106,8 +106,8 @@ def test_uec_never_trims_a_packet_twice_across_two_hops(rack_factory, tmp_path):
     """leaf2 → spine1 → leaf1, every hop trimming queue 1 and queue 6 (where trimmed
     packets' DSCP 48 lands) at injection p = 1: the ideal switch trims at every hop, the
     Ultra Ethernet model only at the first, and marks the last hop's trims apart."""
-    from trimlab import inventory
-    from trimlab.provision import render_profiles
+    from trimlab.testbed import inventory
+    from trimlab.testbed.provision import render_profiles
 
     st = rack_factory(workers=2, ps=1, rate="100mbit", leaves=2, spines=1)
     prof = tmp_path / "uec.yml"
@@ -117,7 +117,7 @@ def test_uec_never_trims_a_packet_twice_across_two_hops(rack_factory, tmp_path):
     assert w2.switch == "leaf2" and host(st, "ps1").switch == "leaf1"
     trims = {}
     for name in ("ideal", "uec-1.0"):
-        from trimlab.vrack import vswitch
+        from trimlab.testbed.vrack import vswitch
         for sw in st.switches:
             st.vswitch(sw.name).write(vswitch.default_config(list(st.port_rates(sw.name)), 100, platform=name))
         st.platforms = {sw.name: name for sw in st.switches}

@@ -13,7 +13,7 @@ import pytest
 
 from tests.rack.conftest import host
 
-CLI = [sys.executable, "-m", "trimlab.cli"]
+CLI = [sys.executable, "-m", "trimlab.testbed.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def prack(rack_factory):
 
 
 def run(st, profile, check=False):
-    from trimlab import provision as prov
+    from trimlab.testbed import provision as prov
     return prov.run(st.dir / "inventory.yml", profile=profile, check=check)
 
 
@@ -69,5 +69,5 @@ def test_unreachable_host_is_named_within_a_bounded_time(prack):
         assert elapsed < 120  # ConnectTimeout bounds it; the other hosts still ran
         assert f"{host(prack, 'w1').ns}" in out.stdout
     finally:
-        from trimlab.vrack.rack import _run, _sshd_config
+        from trimlab.testbed.vrack.rack import _run, _sshd_config
         _run("/usr/sbin/sshd", "-f", str(_sshd_config(prack, w2)), ns=w2.ns)

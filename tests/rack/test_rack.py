@@ -15,14 +15,14 @@ import yaml
 
 from tests.rack.conftest import ROOT, new_id, ns_python, require_root
 
-CLI = [sys.executable, "-m", "trimlab.cli"]
+CLI = [sys.executable, "-m", "trimlab.testbed.cli"]
 
 
 def leftovers(rack_id: str) -> dict:
     prefix = f"tl{rack_id}-"
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     return {
         "namespaces": [n for n in ns if n.startswith(prefix)],
         "links": [line for line in links.splitlines() if prefix in line],
@@ -33,7 +33,7 @@ def leftovers(rack_id: str) -> dict:
 
 def assert_clean(rack_id: str, pids=()):
     assert leftovers(rack_id) == {"namespaces": [], "links": [], "pins": [], "dir": False}
-    from trimlab.vrack.rack import alive
+    from trimlab.testbed.vrack.rack import alive
     deadline = time.monotonic() + 5
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -57,7 +57,7 @@ def rack_id():
     require_root()
     rid = new_id()
     yield rid
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     try:
         rack.down(rack.RackState.load(rid))
     except rack.RackError:
@@ -69,7 +69,7 @@ def test_up_status_ssh_inventory_down(rack_id, tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     inv_path = Path(out.stdout.strip().splitlines()[-1])
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     st = rack.RackState.load(rack_id)
     assert inv_path == st.dir / "inventory.yml"
 
@@ -110,7 +110,7 @@ def test_up_status_ssh_inventory_down(rack_id, tmp_path):
 
 
 def test_two_racks_coexist(rack_id):
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     other = new_id()
     a = rack.up(rack.plan(rack_id, 1, 1, 0, "100mbit", 1500, 0))
     try:
@@ -130,7 +130,7 @@ def test_two_racks_coexist(rack_id):
 
 
 def test_sampler_records_occupancy_every_10ms(rack_id, tmp_path):
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     st = rack.up(rack.plan(rack_id, 2, 1, 0, "50mbit", 1500, 0))
     out = tmp_path / "occupancy.csv"
     sampler = subprocess.Popen(CLI + ["switch", "sample", "--id", rack_id, "--out", str(out)],
@@ -160,7 +160,7 @@ def test_sampler_records_occupancy_every_10ms(rack_id, tmp_path):
 
 
 def test_down_all_after_sigkill_mid_up(rack_id):
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     proc = subprocess.Popen(CLI + ["rack", "up", "--id", rack_id, "--workers", "8"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

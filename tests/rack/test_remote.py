@@ -1,11 +1,11 @@
-"""trimlab.remote against the real sshd of every rack host."""
+"""trimlab.testbed.remote against the real sshd of every rack host."""
 
 import time
 
 import pytest
 
 from tests.rack.conftest import host
-from trimlab.remote import Fleet, Host, RemoteError, Session, fan_out
+from trimlab.testbed.remote import Fleet, Host, RemoteError, Session, fan_out
 
 
 @pytest.fixture(scope="module")

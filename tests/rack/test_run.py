@@ -57,7 +57,7 @@ def assert_nothing_left(rack_id: str, run_name: str) -> None:
     assert f"tl{rack_id}-" not in links
     assert not Path(f"/sys/fs/bpf/tl{rack_id}").exists()
     assert not Path(f"/var/tmp/trimlab/{run_name}").exists()
-    from trimlab.vrack.rack import racks_dir
+    from trimlab.testbed.vrack.rack import racks_dir
     assert not (racks_dir() / rack_id).exists()
 
 

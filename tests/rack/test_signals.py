@@ -118,7 +118,7 @@ MATRIX = {
                  "daemons": lambda tmp, rid: _running(f"/racks/{rid}/run/sshd_")}),
     "bench transport": (lambda tmp, rid: ["bench", "transport", "--quick", "--json"], "btr",
                         {"rack": lambda tmp, rid: _namespaces_of(rid),
-                         "measuring": lambda tmp, rid: _running("-m trimlab.bench.transport")}),
+                         "measuring": lambda tmp, rid: _running("-m trimlab.bench.transport_rate")}),
     "bench ddp": (lambda tmp, rid: ["bench", "ddp", "--quick", "--json"], "bdd",
                   {"rack": lambda tmp, rid: _namespaces_of(rid),
                    "training": lambda tmp, rid: _running("ddp_train.py")}),
@@ -179,7 +179,7 @@ def test_sigkill_leaves_a_died_run_and_a_stale_rack_that_reclaim_removes_alone(t
     """SIGKILL cannot be handled: the run shows as `died` (never `running`), doctor and the
     next run name the stale rack, and `rack down --stale` removes it — and not a rack whose
     owner lives, nor one left up on purpose."""
-    from trimlab.vrack import rack
+    from trimlab.testbed.vrack import rack
     spec = write_spec(tmp_path, name="killed", workload={"kind": "digits", "model": "mlp", "steps": 5000,
                                                           "batch": 32, "lr": 0.1, "momentum": 0.9})
     runs = tmp_path / "runs"

@@ -41,7 +41,7 @@ def rack4(rack_factory):
 
 @pytest.fixture
 def sw(rack4):
-    from trimlab.vrack import vswitch
+    from trimlab.testbed.vrack import vswitch
     s = rack4.vswitch()
     s.write(vswitch.default_config(rack4.ports, 100, platform="ideal"))
     yield s
@@ -312,7 +312,7 @@ def test_bad_configuration_is_one_clear_error_and_changes_nothing(rack4, sw, bad
 def test_switch_cli_apply_show_counters(rack4, sw, tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(fragment(rack4, size=256, dscp_value=46)))
-    cli = [sys.executable, "-m", "trimlab.cli"]
+    cli = [sys.executable, "-m", "trimlab.testbed.cli"]
     out = subprocess.run(cli + ["switch", "apply", str(cfg), "--id", rack4.id], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     shown = json.loads(subprocess.run(cli + ["switch", "show", "--id", rack4.id], capture_output=True,

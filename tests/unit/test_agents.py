@@ -19,6 +19,8 @@ from trimlab.agents.collective import shard_bounds
 from trimlab.codec import get_codec
 from trimlab.config import PACKET_LOG_FIELDS, WorkloadConfig
 
+from tests.procnet import rx_queues, wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,7 +40,8 @@ def config(topology: str, workers: int = 3, steps: int = 6, base: int = 20) -> d
 
 
 def launch(cfg: dict, tmp: Path, late_rank: int | None = None) -> list[subprocess.Popen]:
-    """Every agent of `cfg`; `late_rank` starts 3 s after the ps (a slow host)."""
+    """Every agent of `cfg`; `late_rank` starts only once the others are up and waiting
+    for it (the ps's socket is bound; a slow host)."""
     path = tmp / "agent.json"
     path.write_text(json.dumps(cfg))
 
@@ -52,7 +55,8 @@ def launch(cfg: dict, tmp: Path, late_rank: int | None = None) -> list[subproces
                                        "--out", str(tmp / "ps1")], cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     if late_rank is not None:
-        time.sleep(3)
+        port = cfg["transport"]["port"]
+        wait_until(lambda: rx_queues(port), f"a socket bound to port {port}")
         procs.append(worker(late_rank))
     return procs
 

@@ -4,13 +4,13 @@ import sys
 
 
 def test_cli_starts_without_importing_torch():
-    code = "import sys, trimlab.cli; print('torch' in sys.modules)"
+    code = "import sys, trimlab.testbed.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_help_lists_the_commands():
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     for cmd in ("doctor", "plan", "bench", "demo"):
         assert cmd in out.stdout
@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 def test_run_refuses_bad_specs_before_touching_anything(tmp_path, spec, msg):
     path = tmp_path / "s.yaml"
     path.write_text(spec)
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "run", str(path), "--runs", str(tmp_path / "runs")],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "run", str(path), "--runs", str(tmp_path / "runs")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert msg in out.stderr and len(out.stderr.strip().splitlines()) == 1
@@ -43,6 +43,6 @@ def test_run_refuses_bad_specs_before_touching_anything(tmp_path, spec, msg):
 ])
 def test_bench_codec_refuses_a_device_it_cannot_use(device, msg):
     # CUDA hidden, so the refusal is the same on a machine with a GPU
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "bench", "codec", "--device", device],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "bench", "codec", "--device", device],
                          capture_output=True, text=True, timeout=120, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2 and out.stderr.strip() == f"error: {msg}", out.stderr

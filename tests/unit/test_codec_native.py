@@ -12,7 +12,8 @@ import torch
 
 from trimlab import native as build
 from trimlab import resources, wire
-from trimlab.codec import CodecContext, get_codec, native, rht
+from trimlab.codec import CodecContext, get_codec, rht
+from trimlab.codec import kernels as native
 from trimlab.codec.base import sqrt_rn
 from trimlab.codec.embedded import guess_poly, quantize16, thresholds
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trimlab import inventory
+from trimlab.testbed import inventory
 from trimlab.errors import SpecError
-from trimlab.provision import render_profiles
+from trimlab.testbed.provision import render_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "playbooks" / "inventories" / "lab.example.yml"
@@ -66,7 +66,7 @@ def test_inventory_errors_name_the_host_and_field(tmp_path, edit, msg):
 
 
 def test_provision_refuses_a_bad_profile_before_touching_anything(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "provision", "-i", str(LAB), "--profile", "default"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "provision", "-i", str(LAB), "--profile", "default"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "profile default: field size=128: platform cumulus-spectrum allows 256..1024 bytes, a multiple of 4" in out.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from trimlab import native, resources
 from trimlab.agents import rx
-from trimlab.codec import native as codec_native
+from trimlab.codec import kernels as codec_kernels
 
 V4 = native.ISAS["avx512"].needs
 AVX2_ONLY = native.ISAS["avx2"].needs | {"fpu", "sse", "sse2", "aes", "sha_ni"}  # an AMD EPYC Zen 2/3
@@ -52,12 +52,12 @@ def test_a_level_the_cpu_lacks_is_refused_before_anything_is_built(tmp_path, mon
     monkeypatch.setenv("TRIMLAB_CACHE", str(tmp_path))
     src = resources.c_source("codec", "kernels.c")
     with pytest.raises(native.IsaError, match="needs CPU features this host lacks: avx512bw avx512cd"):
-        native.load_library(src, "codec", codec_native.FLAGS, native.ISAS["avx512"], features=AVX2_ONLY)
+        native.load_library(src, "codec", codec_kernels.FLAGS, native.ISAS["avx512"], features=AVX2_ONLY)
     assert not list(tmp_path.glob("codec-*"))
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("source,name,flags", [(("codec", "kernels.c"), "codec", codec_native.FLAGS),
+@pytest.mark.parametrize("source,name,flags", [(("codec", "kernels.c"), "codec", codec_kernels.FLAGS),
                                                (("agents", "rx.c"), "rx", rx.FLAGS)])
 def test_a_cache_shared_with_a_bigger_cpu_never_hands_over_its_library(tmp_path, monkeypatch, source, name, flags):
     """Host A (AVX-512 with GFNI) builds into a shared cache; host B (AVX2 only) gets a
@@ -87,12 +87,12 @@ def test_a_cache_shared_with_a_bigger_cpu_never_hands_over_its_library(tmp_path,
 def test_the_codec_reports_the_path_it_runs(monkeypatch):
     best = native.runnable()[0]
     monkeypatch.delenv("TRIMLAB_ISA", raising=False)
-    assert codec_native.isa() == best
+    assert codec_kernels.isa() == best
     monkeypatch.setenv("TRIMLAB_ISA", "plain")
-    assert codec_native.isa().name == "plain"
+    assert codec_kernels.isa().name == "plain"
     monkeypatch.setenv("TRIMLAB_ISA", "sse9")
     with pytest.raises(native.IsaError):  # an error, not a silent fall-back to torch
-        codec_native.available()
+        codec_kernels.available()
 
 
 @pytest.mark.unit

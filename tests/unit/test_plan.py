@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from trimlab.errors import SpecError
-from trimlab.spec import TrimPlan, validated
+from trimlab.testbed.spec import TrimPlan, validated
 
 
 def plan(**kw):
@@ -28,11 +28,11 @@ def test_sonic_default_trim_of_an_embedded_packet():
 
 
 def test_cli_warns_when_a_trim_acts_as_a_drop():
-    out = subprocess.run([sys.executable, "-m", "trimlab.cli", "plan", "--trim-size", "128"],
+    out = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "plan", "--trim-size", "128"],
                          capture_output=True, text=True, check=True).stdout
     assert "warning: a trim leaves 208 coordinates without a bit" in " ".join(out.split())
     assert "Use --coords 480 or fewer" in " ".join(out.split())
-    fine = subprocess.run([sys.executable, "-m", "trimlab.cli", "plan", "--trim-size", "128", "--coords", "352"],
+    fine = subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", "plan", "--trim-size", "128", "--coords", "352"],
                           capture_output=True, text=True, check=True).stdout
     assert "warning" not in fine
 
@@ -67,7 +67,7 @@ def test_bad_plans_name_the_field(kw, msg):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "trimlab.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "trimlab.testbed.cli", *args], capture_output=True, text=True)
 
 
 def test_plan_cli_json_and_refusal():

@@ -2,7 +2,7 @@ import subprocess
 
 import pytest
 
-from trimlab.remote import Host, quote
+from trimlab.testbed.remote import Host, quote
 
 HOSTILE = ["plain", "with space", "it's", '"double"', "$(touch /tmp/trimlab-pwned)", "`id`",
            "a;b", "a|b", "a&&b", "*", "~", "$HOME", "-n", "new\nline", "", "é ünïcode", "back\\slash"]

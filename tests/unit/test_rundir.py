@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from trimlab.rundir import RunDir
-from trimlab.spec import ExperimentSpec, validated
+from trimlab.testbed.spec import ExperimentSpec, validated
 
 
 def spec(**kw):
@@ -58,7 +58,7 @@ def test_a_stop_signal_ends_a_run_as_interrupted_in_its_phase(tmp_path, sig):
     code = f"""
 import os, signal, time
 from trimlab.rundir import RunDir, stop_signals_as_interrupt
-from trimlab.spec import ExperimentSpec, validated
+from trimlab.testbed.spec import ExperimentSpec, validated
 stop_signals_as_interrupt()
 try:
     with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})) as r:
@@ -85,7 +85,7 @@ def test_a_clean_up_that_overruns_its_grace_is_cut_short_by_the_last_resorts(tmp
 import os, signal, threading
 from trimlab import rundir
 from trimlab.rundir import RunDir, stop_signals_as_interrupt
-from trimlab.spec import ExperimentSpec, validated
+from trimlab.testbed.spec import ExperimentSpec, validated
 stop_signals_as_interrupt()
 rundir.on_overdue_stop("rack x", lambda: open({str(tmp_path / "rack-down")!r}, "w").close())
 with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})) as r:
@@ -130,7 +130,7 @@ def test_a_running_run_whose_owner_is_gone_shows_as_died():
 
 
 def test_a_run_summary_says_when_no_port_was_congested():
-    from trimlab.experiment import progress
+    from trimlab.testbed.orchestrator import progress
     base = {"wall_s": 1.0, "test_acc": 0.9, "parameters_identical": True, "ps": {}}
     calm = progress.summary("p", base | {"switch": {"TRIM_PKTS": 0, "DROP_PKTS": 0}}, "runs/p")
     assert "no congestion: no port trimmed or dropped" in calm

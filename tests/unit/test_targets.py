@@ -9,8 +9,8 @@ import pytest
 
 from trimlab import resources
 from trimlab.errors import SpecError
-from trimlab.spec import TrimProfile, load_profile
-from trimlab.targets import TARGETS, Port, get_target
+from trimlab.testbed.spec import TrimProfile, load_profile
+from trimlab.testbed.targets import TARGETS, Port, get_target
 
 GOLDEN = Path(__file__).with_name("golden")
 PROFILES = sorted(p.stem for p in resources.data("switch_configs", "profiles").glob("*.yml"))
@@ -121,7 +121,7 @@ def test_voq_switches_key_buffer_queues_by_hostname_and_asic():
 
 
 def test_vswitch_rendering_is_what_the_virtual_switch_reads():
-    from trimlab.vrack.vswitch import default_config, parse_config_db
+    from trimlab.testbed.vrack.vswitch import default_config, parse_config_db
     ports = ["Ethernet0", "Ethernet4"]
     r = get_target("vswitch").render(load_profile("sonic-default"), [Port(p) for p in ports])
     cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
@@ -130,7 +130,7 @@ def test_vswitch_rendering_is_what_the_virtual_switch_reads():
 
 
 def test_asymmetric_profile_gives_each_port_the_dscp_of_its_facing():
-    from trimlab.vrack.vswitch import config_diff, default_config, parse_config_db
+    from trimlab.testbed.vrack.vswitch import config_diff, default_config, parse_config_db
     ports = [Port("Ethernet0"), Port("Ethernet240", "network")]
     names = [p.name for p in ports]
     r = get_target("vswitch").render(load_profile("asymmetric"), ports)

@@ -5,10 +5,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.procnet import rx_queues, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def test_flow_reaches_the_sink_at_its_rate(protocol, port):
         s = lines[-1]
         assert s["rate_bps"] == 20e6 and 0.4 < s["on_s"] < 0.75, s
         assert s["offered_bps"] == pytest.approx(sent * 8 / s["on_s"], rel=1e-4) and s["offered_bps"] <= 20e6 * 1.05
-        time.sleep(0.3)
+        wait_until(lambda: not any(rx_queues(port, protocol)), "the sink has read everything")
     finally:
         sink.send_signal(signal.SIGTERM)
         out, _ = sink.communicate(timeout=10)

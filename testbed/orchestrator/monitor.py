@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trimlab import remote, rundir
+from trimlab import rundir
+from trimlab.testbed import remote
 from trimlab.errors import TrimlabError
-from trimlab.experiment import events
-from trimlab.experiment.placement import RunFailed
+from trimlab.testbed.orchestrator import events
+from trimlab.testbed.orchestrator.placement import RunFailed
 
 
 @dataclass

@@ -126,12 +126,12 @@ def versions() -> dict[str, str]:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
-    from trimlab.codec import native  # heavy (torch): the CLI starts without it
+    from trimlab.codec import kernels  # heavy (torch): the CLI starts without it
 
     # what encodes on CPU hosts of this kind: the native kernels or the torch reference
-    out["codec_cpu"] = "native" if native.mode() != "torch" and native.available() else "torch"
+    out["codec_cpu"] = "native" if kernels.mode() != "torch" and kernels.available() else "torch"
     if out["codec_cpu"] == "native":  # and the vector path the kernels take on this CPU
-        out["codec_isa"] = native.isa().name
+        out["codec_isa"] = kernels.isa().name
     return out
 
 

@@ -14,7 +14,7 @@ from rich.progress import (
 )
 
 from trimlab.analysis.match import LOAD_TOLERANCE
-from trimlab.experiment.monitor import Training
+from trimlab.testbed.orchestrator.monitor import Training
 
 
 class TrainingView:

@@ -11,7 +11,7 @@
  *   - no contraction into FMA (built with -ffp-contract=off), no fast-math; the FMAs
  *     written out either cannot change a result (v·(±1) + w: the product is exact) or
  *     only feed a guess that comparisons correct.
- * Built by trimlab.native at first use; loaded with ctypes by trimlab.codec.native. */
+ * Built by trimlab.native at first use; loaded with ctypes by trimlab.codec.kernels. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>

@@ -4,9 +4,9 @@ only place that knows how an agent is started on a host."""
 from __future__ import annotations
 
 from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
-from trimlab.experiment.placement import Placement, ddp_script
-from trimlab.inventory import SwitchEntry
-from trimlab.spec import BackgroundFlow, ExperimentSpec
+from trimlab.testbed.orchestrator.placement import Placement, ddp_script
+from trimlab.testbed.inventory import SwitchEntry
+from trimlab.testbed.spec import BackgroundFlow, ExperimentSpec
 
 
 def _agent(p: Placement, host: str, module: str, *args: str) -> list[str]:

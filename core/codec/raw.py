@@ -1,12 +1,12 @@
 """fp32 and bf16: raw contiguous values, no rotation (the naive baseline). A trim loses
 every coordinate past the cut. Values go little-endian, as every host we target stores
-them, so encoding is a view and decoding a copy (see testbed/codec/bits.py)."""
+them, so encoding is a view and decoding a copy (see core/codec/bits.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from trimlab.codec import native
+from trimlab.codec import kernels
 from trimlab.codec.base import Codec
 
 # NMSE of rounding to bfloat16 (8 significant bits, round to nearest): ulp²/12 relative
@@ -51,7 +51,7 @@ class FP32(_Raw):
     dtype = torch.float32
     width = 4
     planes = 32
-    native_kind = native.FP32
+    native_kind = kernels.FP32
 
 
 class BF16(_Raw):
@@ -60,5 +60,5 @@ class BF16(_Raw):
     dtype = torch.bfloat16
     width = 2
     planes = 16
-    native_kind = native.BF16
+    native_kind = kernels.BF16
     rounding_nmse = BF16_ROUNDING_NMSE

@@ -19,7 +19,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from trimlab.codec import native, rht
+from trimlab.codec import kernels, rht
 from trimlab.errors import CodecError
 
 MAX_PACKETS_PER_SPAN = 256  # the header's packet index is one byte
@@ -209,7 +209,7 @@ class Codec:
 
     def implementation(self, device: torch.device | str = "cpu") -> str:
         """'native' (kernels.c) or 'torch' (the reference): what codes on `device`."""
-        return native.implementation(self, device)
+        return kernels.implementation(self, device)
 
     # -- whole buckets --------------------------------------------------------------------
     def layout(self, numel: int, ctx: CodecContext) -> Layout:
@@ -279,7 +279,7 @@ class Codec:
         if body is None:
             body = torch.empty(length.shape[0], int(length.max()), dtype=torch.uint8)
         scale = torch.empty(length.shape[0], dtype=torch.float32)
-        native.encode_groups(self, flat, ctx, lay, body, scale)
+        kernels.encode_groups(self, flat, ctx, lay, body, scale)
         return Packets(span, index, coords, scale, body, length)
 
     # -- untrimmed packets as one byte string (the reliable channel's compressed form) -------
@@ -455,7 +455,7 @@ class Codec:
         for g, rows, rows_t, sizes in _row_order(lay):
             slots = rows_t.reshape(-1) if whole else torch.from_numpy(np.where(came[rows], rows, -1).reshape(-1))
             out = torch.empty(g.count * g.filled, dtype=torch.float32)
-            native.decode_group(self, ctx, g, body, slots, width, scale, None, out)
+            kernels.decode_group(self, ctx, g, body, slots, width, scale, None, out)
             values.append(out)
             missing.append(_nothing_missing(g, body.device) if whole else self._missing(lay, g, present[rows_t], sizes))
         # whole packets: the planes of each are the layout's, computed once
@@ -494,7 +494,7 @@ class Codec:
             row_scale = row_scale.clone()
             row_scale[rows] = torch.ldexp(row_scale[rows], -exp[span])
         out = torch.empty(g.count * g.filled, dtype=torch.float32)
-        native.decode_group(self, ctx, g, body, slots, nbytes.clamp(max=body.shape[1]).contiguous(),
+        kernels.decode_group(self, ctx, g, body, slots, nbytes.clamp(max=body.shape[1]).contiguous(),
                             row_scale, exp.to(torch.int32).contiguous(), out)
         return out
 

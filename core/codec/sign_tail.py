@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from trimlab.codec import bits, native
+from trimlab.codec import bits, kernels
 from trimlab.codec.base import Codec, div_rn, lane_sum
 
 
@@ -20,7 +20,7 @@ class SignTail(Codec):
     name = "sign_tail"
     codec_id = 3
     planes = 32
-    native_kind = native.SIGN_TAIL
+    native_kind = kernels.SIGN_TAIL
 
     def __init__(self, unbiased: bool = False, rotate: bool = True):
         self.unbiased = bool(unbiased)

@@ -14,7 +14,7 @@ of it), `collect` (artifacts and results), `execution` (one run's phases), `swee
 command: every point, one rack).
 """
 
-from trimlab.experiment.placement import RunFailed
-from trimlab.experiment.sweep import run
+from trimlab.testbed.orchestrator.placement import RunFailed
+from trimlab.testbed.orchestrator.sweep import run
 
 __all__ = ["RunFailed", "run"]

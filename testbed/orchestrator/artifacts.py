@@ -8,11 +8,12 @@ import json
 import time
 from pathlib import Path
 
-from trimlab import remote, rundir
+from trimlab import rundir
+from trimlab.testbed import remote
 from trimlab.analysis.rundata import RunData
 from trimlab.errors import TrimlabError
-from trimlab.experiment.events import Done
-from trimlab.experiment.placement import Placement, RunFailed
+from trimlab.testbed.orchestrator.events import Done
+from trimlab.testbed.orchestrator.placement import Placement, RunFailed
 from trimlab.rundir import RunDir
 
 

@@ -83,7 +83,7 @@ def _lib_for(cap: str, features_off: str):
     lib.tl_span_key.argtypes = [ctypes.c_uint64] * 4
     lib.tl_span_key.restype = ctypes.c_uint64
     if lib.tl_job_size() != ctypes.sizeof(_Job):
-        raise native.BuildError("kernels.c's job_t and trimlab.codec.native._Job differ")
+        raise native.BuildError("kernels.c's job_t and trimlab.codec.kernels._Job differ")
     return lib
 
 

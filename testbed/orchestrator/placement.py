@@ -10,8 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from trimlab import inventory as inv
-from trimlab import remote, resources, wire
+from trimlab.testbed import inventory as inv
+from trimlab import resources, wire
+from trimlab.testbed import remote
 from trimlab.codec import get_codec
 from trimlab.config import (
     AgentConfig,
@@ -21,9 +22,9 @@ from trimlab.config import (
     parse_rate,
 )
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.provision import render_profiles
-from trimlab.spec import ExperimentSpec, load_profile
-from trimlab.targets import get_target, platforms
+from trimlab.testbed.provision import render_profiles
+from trimlab.testbed.spec import ExperimentSpec, load_profile
+from trimlab.testbed.targets import get_target, platforms
 
 
 

@@ -1,7 +1,7 @@
 """`trimlab bench transport`: gradient packets per second through the virtual switch,
 ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the same run.
 
-- send: a worker-shaped sender (`python -m trimlab.bench.transport send`) encodes 1 Mi
+- send: a worker-shaped sender (`python -m trimlab.bench.transport_rate send`) encodes 1 Mi
   coordinates a step with the run's codec (embedded, B for MTU 1500) and sends them
   through `agents.transport.Sender` (`send_frames`: UDP GSO runs straight from the
   frames array); the rate is what ps1's NIC received during the sender's own timed loop
@@ -41,7 +41,7 @@ from trimlab.agents.transport import Sender, hold_heap
 from trimlab.bench.switch import _blaster, _rx_packets
 from trimlab.codec import CodecContext, get_codec
 from trimlab.config import GRADIENT_PORT, AgentConfig, CodecConfig, HostConfig, TransportConfig, WorkloadConfig
-from trimlab.vrack import rack
+from trimlab.testbed.vrack import rack
 
 NUMEL = 1 << 20
 BURST_STEPS = 100  # about 150 k packets, 0.3 s at blast's rate; some 350 MB of socket buffer
@@ -136,7 +136,7 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
                                        f"s.bind(('0.0.0.0', {GRADIENT_PORT + 2})); time.sleep(3600)"]))
 
         def agent(ns: str, *argv: str) -> subprocess.Popen:
-            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport", *argv,
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport_rate", *argv,
                                   "--config", cfg.model_dump_json()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
             procs.append(p)
@@ -195,7 +195,7 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trimlab.bench.transport", description="the bench's agents")
+    ap = argparse.ArgumentParser(prog="python -m trimlab.bench.transport_rate", description="the bench's agents")
     ap.add_argument("role", choices=["send", "receive"])
     ap.add_argument("--config", required=True, help="AgentConfig as JSON")
     ap.add_argument("--seconds", type=float, default=1.0, help="send: for this long")

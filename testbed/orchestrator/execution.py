@@ -10,15 +10,16 @@ import shutil
 import time
 from pathlib import Path
 
-from trimlab import remote, rundir
+from trimlab import rundir
+from trimlab.testbed import remote
 from trimlab.errors import TrimlabError
-from trimlab.experiment import collect, launch
-from trimlab.experiment.monitor import Agent, Monitor
+from trimlab.testbed.orchestrator import artifacts, launch
+from trimlab.testbed.orchestrator.monitor import Agent, Monitor
 from trimlab.config import REMOTE_ROOT
-from trimlab.experiment.placement import Placement, RunFailed, agent_config
-from trimlab.experiment.progress import TrainingView
+from trimlab.testbed.orchestrator.placement import Placement, RunFailed, agent_config
+from trimlab.testbed.orchestrator.progress import TrainingView
 from trimlab.rundir import RunDir
-from trimlab.spec import ExperimentSpec
+from trimlab.testbed.spec import ExperimentSpec
 
 
 class Execution:
@@ -220,7 +221,7 @@ class Execution:
                     except (TrimlabError, OSError, EOFError, ValueError):
                         pass
                     try:
-                        collect.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},
+                        artifacts.collect(self.run, self.fleet, {n: self.rdir(n) for n in self.p.hosts},
                                         self.remote_dir, {sw.name: self.switch_dir(sw) for sw in self.p.switches})
                     finally:
                         self.fleet.close()
@@ -228,5 +229,5 @@ class Execution:
                             # they could not remove (a host cut off, a collection that failed) goes now
                             shutil.rmtree(self.remote_dir, ignore_errors=True)
             self.run.record(phases_s=self.phases)
-        return collect.results(self.run, self.p, self.spec.workload.steps, self.monitor.training.script_results,
+        return artifacts.results(self.run, self.p, self.spec.workload.steps, self.monitor.training.script_results,
                                self.t0)

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import yaml
 
-from trimlab import inventory as inv
-from trimlab import provision, rundir
+from trimlab.testbed import inventory as inv
+from trimlab import rundir
+from trimlab.testbed import provision
 from trimlab.analysis import report
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.experiment import progress
-from trimlab.experiment.execution import Execution
-from trimlab.experiment.placement import (
+from trimlab.testbed.orchestrator import progress
+from trimlab.testbed.orchestrator.execution import Execution
+from trimlab.testbed.orchestrator.placement import (
     RunFailed,
     check_profile,
     ddp_script,
@@ -26,8 +27,8 @@ from trimlab.experiment.placement import (
     place,
 )
 from trimlab.rundir import RunDir, interrupted_reason
-from trimlab.spec import ExperimentSpec, load_experiment
-from trimlab.vrack import rack as vrack
+from trimlab.testbed.spec import ExperimentSpec, load_experiment
+from trimlab.testbed.vrack import rack as vrack
 
 
 def _rack_key(spec: ExperimentSpec) -> tuple:
