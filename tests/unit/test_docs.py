@@ -31,3 +31,7 @@ def test_the_site_builds_strictly_with_the_spec_reference(tmp_path):
         assert f"<code>{key}</code>" in page, key
     for key in spec.TrimProfile.model_fields:
         assert f"<code>{key}</code>" in page, key
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    for name in ("analysis.notebook.load_run", "analysis.notebook.compare", "analysis.notebook.list_runs",
+                 "agents.ddp_hook.TrimlabState", "agents.ddp_hook.trimlab_hook", "codec.get_codec"):
+        assert f'id="trimlab.{name}"' in api, name  # from the docstrings (mkdocstrings)
