@@ -161,7 +161,7 @@ class Codec:
     prescaled: bool = False
     planes: int = 0  # K, carried in the header
     unbiased: bool = False
-    native_kind: ClassVar[int] = 0  # kernels.c's codec number; 0: torch only
+    native: ClassVar[bool] = False  # kernels.c codes it (by its codec_id); False: torch only
 
     FLAG_UNBIASED: ClassVar[int] = 0x1
     FLAG_ROTATED: ClassVar[int] = 0x2

@@ -16,7 +16,7 @@ import torch
 
 import numpy as np
 
-from trimlab.codec import bits, kernels
+from trimlab.codec import bits
 from trimlab.codec.base import Codec, div_rn, lane_sum, sqrt_rn
 from trimlab.errors import CodecError
 
@@ -91,7 +91,7 @@ class Embedded(Codec):
     codec_id = 4
     rotated = True
     prescaled = True
-    native_kind = kernels.EMBEDDED
+    native = True
 
     def __init__(self, planes: int = 16, unbiased: bool = False):
         if not 1 <= planes <= 16:

@@ -27,10 +27,11 @@
 #endif
 #endif
 
-#define EMBEDDED 1
-#define SIGN_TAIL 2
-#define FP32 3
-#define BF16 4
+/* the wire's codec ids (the header's codec field; each Codec's codec_id) */
+#define FP32 1
+#define BF16 2
+#define SIGN_TAIL 3
+#define EMBEDDED 4
 #define QBITS 16
 #define POLY_LO (-8.0f)
 #define POLY_PER_UNIT 16

@@ -40,7 +40,6 @@ class _Job(ctypes.Structure):
     ]
 
 
-EMBEDDED, SIGN_TAIL, FP32, BF16 = 1, 2, 3, 4
 # the vector level (-march) is added by trimlab.native for the CPU that runs the kernels
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread"]
 _threads = int(os.environ.get("TRIMLAB_CODEC_THREADS", "1") or 1)
@@ -98,7 +97,7 @@ def available() -> bool:
 def implementation(codec, device: torch.device | str = "cpu") -> str:
     """'native' or 'torch': what encodes and decodes for `codec` on `device`."""
     m = mode()
-    if not getattr(codec, "native_kind", 0) or torch.device(device).type != "cpu" or m == "torch":
+    if not codec.native or torch.device(device).type != "cpu" or m == "torch":
         return "torch"
     if m == "native":
         _lib()  # raises BuildError, naming the missing compiler
@@ -116,7 +115,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def _job(codec, ctx, group, **kw) -> _Job:
     mask = (1 << 64) - 1
-    return _Job(codec=codec.native_kind, rotated=int(codec.rotated), prescaled=int(codec.prescaled),
+    return _Job(codec=codec.codec_id, rotated=int(codec.rotated), prescaled=int(codec.prescaled),
                 planes=codec.planes, unbiased=int(codec.unbiased), seed=ctx.seed & mask,
                 step=ctx.step & mask, bucket=ctx.bucket & mask, first_span=group.first, count=group.count,
                 filled=group.filled, size=group.size, coords=ctx.coords, **kw)

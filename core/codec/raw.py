@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from trimlab.codec import kernels
 from trimlab.codec.base import Codec
 
 # NMSE of rounding to bfloat16 (8 significant bits, round to nearest): ulp²/12 relative
@@ -51,7 +50,7 @@ class FP32(_Raw):
     dtype = torch.float32
     width = 4
     planes = 32
-    native_kind = kernels.FP32
+    native = True
 
 
 class BF16(_Raw):
@@ -60,5 +59,5 @@ class BF16(_Raw):
     dtype = torch.bfloat16
     width = 2
     planes = 16
-    native_kind = kernels.BF16
+    native = True
     rounding_nmse = BF16_ROUNDING_NMSE

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from trimlab.codec import bits, kernels
+from trimlab.codec import bits
 from trimlab.codec.base import Codec, div_rn, lane_sum
 
 
@@ -20,7 +20,7 @@ class SignTail(Codec):
     name = "sign_tail"
     codec_id = 3
     planes = 32
-    native_kind = kernels.SIGN_TAIL
+    native = True
 
     def __init__(self, unbiased: bool = False, rotate: bool = True):
         self.unbiased = bool(unbiased)

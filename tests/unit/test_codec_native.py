@@ -197,6 +197,17 @@ def test_the_kernels_ship_and_report_their_build():
 
 
 @pytest.mark.unit
+def test_c_and_python_number_the_codecs_alike():
+    """kernels.c's codec numbers are the wire's codec ids: one numbering everywhere."""
+    import re
+    from trimlab.codec import CODECS
+    text = resources.c_source("codec", "kernels.c").read_text()
+    defines = {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (FP32|BF16|SIGN_TAIL|EMBEDDED) (\d+)", text, re.M)}
+    assert defines == {name.upper(): c.codec_id for name, c in CODECS.items()}
+    assert all(c.native for c in CODECS.values())
+
+
+@pytest.mark.unit
 def test_encoded_packets_are_the_callers_own():
     """The native encode hands out copies of the layout's cached skeleton, and decode of
     its cached planes: a caller that edits them in place (as collectors and tests do)
