@@ -11,42 +11,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from trimlab import wire
 from trimlab.agents import rx
+from trimlab.agents.context import NodeContext
+from trimlab.agents.rx import Arrived
 from trimlab.codec import CodecContext, Packets
 from trimlab.config import PACKET_LOG_FIELDS
 
-if TYPE_CHECKING:  # types only: the node imports this module
-    from trimlab.agents.node import Node
-
-
-@dataclass
-class Arrived:
-    """Gradient datagrams that passed the node's checks (known source, trimlab, this job),
-    with their parsed header fields; `data` rows are the datagrams from byte 0."""
-
-    data: np.ndarray  # (n, slot) uint8
-    length: np.ndarray  # (n,) int64: bytes received
-    dscp: np.ndarray  # (n,) int64, -1 if unknown
-    peer: np.ndarray  # (n,) int64: index into the node's peer addresses
-    head: dict[str, np.ndarray]  # the header's fields (rx.FIELDS and scale), one column each
-    time_ns: int
-    cols: np.ndarray | None = None  # rx.route's columns of the fields, when native
-
-    def take(self, rows: np.ndarray) -> "Arrived":
-        """The datagrams at `rows`, copied (a receive buffer is reused by the next batch)."""
-        return Arrived(self.data[rows], self.length[rows], self.dscp[rows], self.peer[rows],
-                       {k: v[rows] for k, v in self.head.items()}, self.time_ns,
-                       None if self.cols is None else self.cols[rows])
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.length.sum())
 
 
 @dataclass
@@ -83,17 +57,18 @@ def _divide_units(flat: torch.Tensor, unit: int, count: torch.Tensor) -> None:
 class Collector:
     """Gradient packets of one (step, bucket) from the expected ranks."""
 
-    def __init__(self, node: "Node", step: int, bucket: int, ranks: dict[int, str], numel: int,
+    def __init__(self, node_ctx: NodeContext, step: int, bucket: int, ranks: dict[int, str], numel: int,
                  deadline_s: float):
-        self.node, self.step, self.bucket, self.ranks, self.numel = node, step, bucket, ranks, numel
-        self.ctx = CodecContext(seed=node.seed, step=step, bucket=bucket, span=node.span, coords=node.coords)
-        self.layout = node.codec.layout(numel, self.ctx)
-        span, index, coords, body = node.codec.skeleton(self.layout)  # (cached: the same every step)
+        self.node_ctx, self.step, self.bucket, self.ranks, self.numel = node_ctx, step, bucket, ranks, numel
+        n = node_ctx
+        self.ctx = CodecContext(seed=n.seed, step=step, bucket=bucket, span=n.span, coords=n.coords)
+        self.layout = n.codec.layout(numel, self.ctx)
+        span, index, coords, body = n.codec.skeleton(self.layout)  # (cached: the same every step)
         self.slot_span, self.slot_index, self.slot_coords = span, index, coords
         self.expected = len(span)  # packets per rank
         self.width = int(body.max()) if len(body) else 0
         self.order = sorted(ranks)  # rank -> row of the arrays below
-        self.rank_peer = np.array([node.peer_index(ranks[r]) for r in self.order], dtype=np.int64)
+        self.rank_peer = np.array([n.peer_index(ranks[r]) for r in self.order], dtype=np.int64)
         nr = len(self.order)
         # not cleared: only a slot that came is decoded, and only up to its length (and a
         # fresh 2 MB of zeros costs a step 3–4 % of the receive rate in page faults)
@@ -114,7 +89,7 @@ class Collector:
         its slot (rx.place), and log them."""
         counts = np.zeros(len(rx.REASONS), dtype=np.int64)
         status, key = rx.place(self, a, rows, counts)
-        rx.count(self.node.discarded, counts)
+        rx.count(self.node_ctx.discarded, counts)
         if self.first is None and self.received.any():
             self.first = time.monotonic()
         # the log is built when asked for (rows): here only what it needs is kept
@@ -135,12 +110,12 @@ class Collector:
     def reduce(self, local: torch.Tensor | None = None) -> Reduced:
         """Decode every rank's packets, average per coordinate over what arrived; `local` is
         an exact contribution that never crossed the network (a shard owner's own)."""
-        codec = self.node.codec
+        codec = self.node_ctx.codec
         # A rotated codec marks whole spans missing, so contributions are counted per span
         # (unit = span) and masked and divided span by span: no pass over a per-coordinate
         # mask. The sum starts with the local contribution, then ranks in order: the same
         # additions on every run. `count` exists once something is missing somewhere.
-        unit = self.node.span if codec.rotated else 1
+        unit = self.node_ctx.span if codec.rotated else 1
         total = local.to(torch.float32).clone() if local is not None else None
         whole = int(local is not None)
         count: torch.Tensor | None = None  # (units,) contributions per unit
@@ -211,5 +186,5 @@ class Collector:
         planes = getattr(self, "planes", None)
         cols["planes"] = np.where(slot >= 0, planes.reshape(-1)[np.maximum(slot, 0)], -1) \
             if planes is not None else np.full(len(slot), -1, dtype=np.int64)
-        cols["src"] = np.asarray(self.node.peer_addrs, dtype=object)[cols["src"]]
+        cols["src"] = np.asarray(self.node_ctx.peer_addrs, dtype=object)[cols["src"]]
         return {k: cols[k] for k in PACKET_LOG_FIELDS}

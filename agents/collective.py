@@ -45,7 +45,7 @@ class ShardedAllReduce:
         t = cfg.transport
         self.senders = {r: Sender(a, t.port, t.dscp, rate_bps=t.pacing_bps, bind=me) for r, a in self.others.items()}
         self.deadline_s = t.deadline_ms / 1e3
-        self.missed = MissedSteps(self.node, cfg.max_missed_steps)
+        self.missed = MissedSteps(self.node.ctx, cfg.max_missed_steps)
         self.stats = self._zero()
 
     @staticmethod

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING
-
+from trimlab.agents.collect import Collector, Reduced
+from trimlab.agents.context import NodeContext
 from trimlab.errors import TrimlabError
-
-if TYPE_CHECKING:  # types only: the node imports this module
-    from trimlab.agents.collect import Collector, Reduced
-    from trimlab.agents.node import Node
 
 
 class ProtocolError(TrimlabError):
@@ -24,16 +20,16 @@ class MissedSteps:
     (no late gradient, no acknowledgement) for `silence_s` has stopped: fail the run rather
     than train on without it. A rank that is merely slower than the deadline is not."""
 
-    def __init__(self, node: Node, limit: int, silence_s: float = 3.0):
-        self.node, self.limit, self.silence_s = node, limit, silence_s
+    def __init__(self, node_ctx: NodeContext, limit: int, silence_s: float = 3.0):
+        self.node_ctx, self.limit, self.silence_s = node_ctx, limit, silence_s
         self.row: collections.Counter = collections.Counter()
 
     def check(self, coll: Collector, reduced: Reduced) -> None:
         now = time.monotonic()
         for rank, n in reduced.per_rank.items():
             self.row[rank] = 0 if n else self.row[rank] + 1
-            heard = self.node.last_heard.get(coll.ranks[rank], coll.opened)
+            heard = self.node_ctx.last_heard.get(coll.ranks[rank], coll.opened)
             if self.row[rank] >= self.limit and now - heard > self.silence_s:
-                raise ProtocolError(f"{self.node.name_of(coll.ranks[rank])} (rank {rank}) sent no "
+                raise ProtocolError(f"{self.node_ctx.name_of(coll.ranks[rank])} (rank {rank}) sent no "
                                     f"gradient packet for {self.limit} steps in a row (last: step "
                                     f"{coll.step}) and nothing at all for {now - heard:.1f} s")

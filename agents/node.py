@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from trimlab.agents import rx
-from trimlab.agents.collect import Arrived, Collector
+from trimlab.agents.collect import Collector
+from trimlab.agents.context import NodeContext
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.reliable import (
     ACK,
@@ -25,6 +26,7 @@ from trimlab.agents.reliable import (
     Assembly,
     Broadcast,
 )
+from trimlab.agents.rx import Arrived
 from trimlab.agents.transport import Batch, Datagram, Receiver, packed_addr
 from trimlab.codec import get_codec
 from trimlab.config import AgentConfig
@@ -63,6 +65,10 @@ class Node:
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
         self.newest_params: dict[str, tuple[int, int]] = {}  # peer address -> newest (step, shard) it broadcast
         self.bye = False
+        self.ctx = NodeContext(self.codec, self.job, self.seed, self.span, self.coords, self.mtu, self.ipv6,
+                               self.peer_addrs, self.peer_index, self.name_of, self.last_heard, self.discarded,
+                               lambda data, dest: self.ctrl.sendto(data, (dest, self.ctrl_port)),
+                               self.ctrl.unsent_bytes, self.state)
 
     def close(self) -> None:
         """Close both sockets."""
@@ -210,7 +216,7 @@ class Node:
                   **kw) -> Broadcast:
         """Send `values` (float32 values, or bytes as they are) reliably to `dests`."""
         data = values if isinstance(values, bytes) else values.to(torch.float32).contiguous().numpy().tobytes()
-        b = Broadcast(self, step, shard, data, dests, **kw)
+        b = Broadcast(self.ctx, step, shard, data, dests, **kw)
         self.broadcasts.append(b)
         return b
 
@@ -247,7 +253,7 @@ class Node:
 
     def expect(self, step: int, bucket: int, ranks: dict[int, str], numel: int,
                deadline_s: float) -> Collector:
-        coll = Collector(self, step, bucket, ranks, numel, deadline_s)
+        coll = Collector(self.ctx, step, bucket, ranks, numel, deadline_s)
         self.collectors[(step, bucket)] = coll
         for key in [k for k in self.early if k[0] < step - 1]:  # steps that are over: never collected
             stale = self.early.pop(key)

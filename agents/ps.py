@@ -37,7 +37,7 @@ def run(cfg: AgentConfig, out: Path) -> dict:
     dests = list(workers.values())
     node = Node(cfg, bind=cfg.ps.addr, peers={w.addr: w.name for w in cfg.workers}, receive_gradients=True)
     opt = W.FlatSGD(cfg.workload.lr, cfg.workload.momentum)
-    missed = MissedSteps(node, cfg.max_missed_steps)
+    missed = MissedSteps(node.ctx, cfg.max_missed_steps)
     plog = logs.PacketLog(out / rundir.PACKET_LOG)
     slog = logs.MetricsLog(out / rundir.STEPS, STEP_FIELDS)
     steps, eval_every = cfg.steps, cfg.eval_every

@@ -15,15 +15,12 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trimlab import wire
+from trimlab.agents.context import NodeContext
 from trimlab.agents.failure import ProtocolError
-
-if TYPE_CHECKING:  # types only: the node imports this module
-    from trimlab.agents.node import Node
 
 PARAMS, ACK, BYE = 1, 2, 3
 CTRL_VERSION = 1
@@ -39,10 +36,10 @@ def chunk_bytes(mtu: int, ipv6: bool) -> int:
 class Broadcast:
     """One parameter shard of one step, to every destination, until each acknowledged all."""
 
-    def __init__(self, node: "Node", step: int, shard: int, data: bytes, dests: list[str],
+    def __init__(self, node_ctx: NodeContext, step: int, shard: int, data: bytes, dests: list[str],
                  rto_s: float = 0.05, give_up_s: float = 10.0):
-        size = chunk_bytes(node.mtu, node.ipv6)
-        self.node, self.step, self.shard = node, step, shard
+        size = chunk_bytes(node_ctx.mtu, node_ctx.ipv6)
+        self.node_ctx, self.step, self.shard = node_ctx, step, shard
         self.chunks = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
         if len(self.chunks) > 0xFFFF:
             raise ProtocolError(f"a parameter shard of {len(data)} bytes needs {len(self.chunks)} "
@@ -55,15 +52,15 @@ class Broadcast:
         self.retransmits = 0
         # first transmission chunk-major: every destination completes at about the same time
         for i, chunk in enumerate(self.chunks):
-            head = CTRL.pack(PARAMS, CTRL_VERSION, node.job, step, shard, i, len(self.chunks))
+            head = CTRL.pack(PARAMS, CTRL_VERSION, node_ctx.job, step, shard, i, len(self.chunks))
             for d in dests:
-                node.ctrl.sendto(head + chunk, (d, node.ctrl_port))
+                node_ctx.send_control(head + chunk, d)
 
     def _send(self, dest: str) -> None:
         n = len(self.chunks)
         for i in sorted(self.pending[dest]):
-            head = CTRL.pack(PARAMS, CTRL_VERSION, self.node.job, self.step, self.shard, i, n)
-            if not self.node.ctrl.sendto(head + self.chunks[i], (dest, self.node.ctrl_port)):
+            head = CTRL.pack(PARAMS, CTRL_VERSION, self.node_ctx.job, self.step, self.shard, i, n)
+            if not self.node_ctx.send_control(head + self.chunks[i], dest):
                 break  # the socket is full: the rest goes in a later round
 
     def on_ack(self, dest: str, first: int, bitmap: np.ndarray) -> None:
@@ -79,12 +76,12 @@ class Broadcast:
         waiting = [d for d, pending in self.pending.items() if pending]
         for dest in waiting:
             if now - self.progress[dest] > self.give_up_s:
-                raise ProtocolError(f"{self.node.name_of(dest)} stopped acknowledging the "
+                raise ProtocolError(f"{self.node_ctx.name_of(dest)} stopped acknowledging the "
                                     f"parameters of step {self.step} (shard {self.shard}) for "
-                                    f"{self.give_up_s:g} s; {self.node.state()}")
+                                    f"{self.give_up_s:g} s; {self.node_ctx.state()}")
         if not waiting:
             return
-        if self.node.ctrl.unsent_bytes():  # earlier sends are still leaving the host
+        if self.node_ctx.unsent_control():  # earlier sends are still leaving the host
             self.drained_at = None
             return
         if self.drained_at is None:

@@ -17,16 +17,60 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from trimlab import native, resources, wire
 from trimlab.errors import TrimlabError
 
-if TYPE_CHECKING:  # types only
-    from trimlab.agents.collect import Arrived, Collector
-    from trimlab.agents.transport import Batch
+from trimlab.agents.context import NodeContext
+from trimlab.agents.transport import Batch
+from trimlab.codec import Layout
+
+@dataclass
+class Arrived:
+    """Gradient datagrams that passed the node's checks (known source, trimlab, this job),
+    with their parsed header fields; `data` rows are the datagrams from byte 0."""
+
+    data: np.ndarray  # (n, slot) uint8
+    length: np.ndarray  # (n,) int64: bytes received
+    dscp: np.ndarray  # (n,) int64, -1 if unknown
+    peer: np.ndarray  # (n,) int64: index into the node's peer addresses
+    head: dict[str, np.ndarray]  # the header's fields (rx.FIELDS and scale), one column each
+    time_ns: int
+    cols: np.ndarray | None = None  # rx.route's columns of the fields, when native
+
+    def take(self, rows: np.ndarray) -> "Arrived":
+        """The datagrams at `rows`, copied (a receive buffer is reused by the next batch)."""
+        return Arrived(self.data[rows], self.length[rows], self.dscp[rows], self.peer[rows],
+                       {k: v[rows] for k, v in self.head.items()}, self.time_ns,
+                       None if self.cols is None else self.cols[rows])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.length.sum())
+
+
+class Slots(Protocol):
+    """What `place` fills: a collector's per-rank arrays of one (step, bucket), with the
+    layout and the expected senders they are checked against."""
+
+    node_ctx: NodeContext
+    step: int
+    bucket: int
+    layout: Layout
+    order: list[int]  # row -> rank
+    rank_peer: np.ndarray  # row -> the rank's peer index
+    expected: int  # packets per rank
+    width: int  # bytes of the widest body
+    body: np.ndarray  # (ranks, expected, width) uint8
+    got: np.ndarray  # (ranks, expected) body bytes received, -1: none yet
+    scale: np.ndarray
+    sent: np.ndarray
+    received: np.ndarray  # (ranks,) packets received
+    native: tuple | None  # rx.c's description of the arrays, made at the first batch
+
 
 # statuses, as rx.c numbers them: the node's checks, then the collector's (wire.screen's)
 REASONS = ("accepted", "unknown_source", "not_trimlab", "other_job", "rank_mismatch", "other_codec",
@@ -167,7 +211,7 @@ def _route_native(b, peers, job, counts) -> Routed:
 
 
 # -- place ---------------------------------------------------------------------------------
-def place(coll: "Collector", a: "Arrived", rows: np.ndarray | None,
+def place(coll: Slots, a: Arrived, rows: np.ndarray | None,
           counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The datagrams `rows` of `a` (None: all) into `coll`: each one's status (CODE) and, if
     it was accepted, its slot key (rank row × packets per rank + slot), else -1. Rejections
@@ -186,8 +230,8 @@ def _place_numpy(coll, a, rows, counts):
     row = np.minimum(np.searchsorted(order, f["rank"].astype(np.int64)), len(order) - 1)
     known = (order[row] == f["rank"]) & (coll.rank_peer[row] == a.peer)
     status = np.where(known, 0, CODE["rank_mismatch"]).astype(np.int8)
-    ids = wire.PacketIds(coll.node.job, coll.step, 0, coll.bucket)
-    ok, slot, reason = wire.screen(f, a.length, coll.node.codec, coll.layout, ids, collections.Counter(),
+    ids = wire.PacketIds(coll.node_ctx.job, coll.step, 0, coll.bucket)
+    ok, slot, reason = wire.screen(f, a.length, coll.node_ctx.codec, coll.layout, ids, collections.Counter(),
                                    ranks=order, among=known)
     bad = known & ~ok
     for r in set(reason[bad].tolist()):  # (screen's reasons, as codes)
@@ -244,14 +288,14 @@ def _place_native(coll, a, rows, counts):
 
 
 def _describe(coll) -> tuple:
-    codec = coll.node.codec
+    codec = coll.node_ctx.codec
     blocks = np.array([[b.group.first, b.group.count, b.first_index, b.per_span, b.coords]
                        for b in coll.layout.blocks], dtype=np.int64).reshape(-1, 5)
     ranks = np.asarray(coll.order, dtype=np.int64)
     rank_peer = np.ascontiguousarray(coll.rank_peer, dtype=np.int64)
     for a in (coll.body, coll.got, coll.sent, coll.received, coll.scale):
         assert a.flags.c_contiguous
-    k = _Collector(job=coll.node.job, step=coll.step, bucket=coll.bucket, codec=codec.codec_id,
+    k = _Collector(job=coll.node_ctx.job, step=coll.step, bucket=coll.bucket, codec=codec.codec_id,
                    flags=codec.flags, planes=codec.planes & 0xFF, body_per32=codec.body_bytes(32),
                    nranks=len(ranks), expected=coll.expected, width=coll.width, nblocks=len(blocks),
                    ranks=ranks.ctypes.data, rank_peer=rank_peer.ctypes.data, blocks=blocks.ctypes.data,

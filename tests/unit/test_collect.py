@@ -3,14 +3,15 @@ slot, duplicates and foreign packets are logged and counted, and the reduction e
 decoding the same payloads with wire.depacketize."""
 
 import collections
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from trimlab import wire
-from trimlab.agents.collect import Arrived, Collector
+from trimlab.agents.collect import Collector
+from trimlab.agents.context import NodeContext
+from trimlab.agents.rx import Arrived
 from trimlab.codec import get_codec
 from trimlab.config import PACKET_LOG_FIELDS
 
@@ -25,9 +26,11 @@ def rx_impl(request, monkeypatch):
     return request.param
 
 
-def node(codec):
-    return SimpleNamespace(codec=codec, span=SPAN, coords=256, seed=SEED, job=JOB, peer_addrs=ADDRS,
-                           peer_index=ADDRS.index, discarded=collections.Counter())
+def node(codec) -> NodeContext:
+    """What a collector gets of its node (no sockets: it never sends)."""
+    return NodeContext(codec, JOB, SEED, SPAN, 256, 1500, False, list(ADDRS), ADDRS.index, str, {},
+                       collections.Counter(), send_control=lambda data, dest: True, unsent_control=lambda: 0,
+                       state=lambda: "")
 
 
 def arrived(payloads: list[bytes], peer: list[int], slot: int = 2048) -> Arrived:
@@ -81,7 +84,7 @@ def test_batches_reduce_like_depacketize(name, impl, monkeypatch):
     assert list(rows) == list(PACKET_LOG_FIELDS) and len(rows["step"]) == len(stream) - 1  # not the foreign one
     assert collections.Counter(rows["status"].tolist()) == {"accepted": len(sent0) + len(sent1), "duplicate": 2}
     assert set(rows["src"].tolist()) == set(ADDRS[:2])
-    assert coll.node.discarded == {"duplicate": 2, "rank_mismatch": 1}
+    assert coll.node_ctx.discarded == {"duplicate": 2, "rank_mismatch": 1}
     accepted = rows["status"] == "accepted"
     assert (rows["planes"][accepted] >= 0).all() and (rows["planes"][~accepted] == -1).all()
     assert rows["trimmed"][accepted].sum() == red.trimmed

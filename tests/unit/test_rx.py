@@ -12,6 +12,7 @@ import torch
 from trimlab import wire
 from trimlab.agents import rx
 from trimlab.agents.collect import Collector
+from trimlab.agents.context import NodeContext
 from trimlab.agents.node import Node
 from trimlab.agents.transport import Batch, packed_addr
 from trimlab.codec import get_codec
@@ -89,6 +90,8 @@ def fake_node(codec):
                         collectors={}, done_steps={(3, 1)}, early={}, early_bytes=0, early_max_bytes=8 << 20,
                         discarded=collections.Counter(), last_heard={})
     n.peer_index = ADDRS.index
+    n.ctx = NodeContext(codec, JOB, SEED, SPAN, COORDS, 1500, False, n.peer_addrs, n.peer_index, str, n.last_heard,
+                        n.discarded, send_control=lambda data, dest: True, unsent_control=lambda: 0, state=lambda: "")
     return n
 
 
@@ -97,7 +100,7 @@ def run(codec, impl: str, monkeypatch, items, sizes):
     assert rx.implementation() == impl
     node = fake_node(codec)
     for key in ((4, 1), (4, 2)):
-        node.collectors[key] = Collector(node, *key, RANKS, NUMEL, deadline_s=1.0)
+        node.collectors[key] = Collector(node.ctx, *key, RANKS, NUMEL, deadline_s=1.0)
     for b in batches(items, sizes):
         Node._on_gradients(node, b, 7.0)
     late = Node.expect(node, 5, 1, RANKS, NUMEL, 1.0)  # takes the packets kept for it
@@ -138,7 +141,7 @@ def test_a_packet_without_a_slot_lands_nowhere(impl, monkeypatch):
     monkeypatch.setenv("TRIMLAB_RX_IMPL", impl)
     codec = get_codec("embedded")
     node = fake_node(codec)
-    coll = node.collectors[(4, 1)] = Collector(node, 4, 1, RANKS, NUMEL, deadline_s=1.0)
+    coll = node.collectors[(4, 1)] = Collector(node.ctx, 4, 1, RANKS, NUMEL, deadline_s=1.0)
     p = wire.packetize(torch.randn(NUMEL), codec, coords=COORDS, span=SPAN, ids=wire.PacketIds(JOB, 4, 0, 1),
                        seed=SEED)[-1]
     ghost = edit(p[:wire.HEADER_LEN], span=900, packet=0, coords=0, length=wire.HEADER_LEN)
