@@ -57,8 +57,9 @@ class Receiver:
 
     def __init__(self, st, name: str, v6: bool = False, port: int = 47001, idle: float = 1.5):
         ready = Path(f"/tmp/trimlab-test-ready-{os.getpid()}-{secrets.token_hex(3)}")
+        self.sent = ready.with_name(ready.name.replace("ready", "sent"))
         self.proc = ns_python(st, name, "udp_receive", f"v6={'6' if v6 else '4'}", f"port={port}",
-                              f"idle={idle}", f"ready={ready}")
+                              f"idle={idle}", f"ready={ready}", f"sent={self.sent}")
         deadline = time.monotonic() + 10
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -67,11 +68,17 @@ class Receiver:
         ready.unlink()
 
     def result(self, timeout: float = 60):
-        out, err = self.proc.communicate(timeout=timeout)
+        """What arrived, once the senders are done (the caller has sent everything)."""
+        self.sent.touch()
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            self.sent.unlink(missing_ok=True)
         assert self.proc.returncode == 0, err
         return [(int(h[:8], 16), int(h[8:16], 16), n, tos, h) for h, n, tos in json.loads(out)]
 
     def kill(self):
+        self.sent.unlink(missing_ok=True)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

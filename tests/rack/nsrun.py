@@ -2,6 +2,7 @@
 send scapy-built packets, or receive UDP and print what arrived as JSON."""
 
 import json
+import os
 import select
 import socket
 import sys
@@ -76,8 +77,10 @@ def send_payloads(dst: str, path: str, tos: int, port: int = 47000) -> None:
         time.sleep(0.0002)
 
 
-def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "") -> None:
-    """Receive until idle; print [[first 24 bytes as hex, length, tos], ...] in arrival order."""
+def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "", sent: str = "") -> None:
+    """Receive until idle; print [[first 24 bytes as hex, length, tos], ...] in arrival order.
+    With `sent` (a file the test creates once its senders are done), the idle time counts
+    only from then: a sender slow to start (a busy host) is waited for, however long."""
     s = socket.socket(socket.AF_INET6 if v6 == "6" else socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 25)
     if v6 == "6":
@@ -88,10 +91,18 @@ def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "") 
     if ready:
         open(ready, "w").close()
     got = []
-    while select.select([s], [], [], idle)[0]:
-        data, anc, _, _ = s.recvmsg(65535, 64)
-        tos = anc[0][2][0] if anc else -1
-        got.append([data[:24].hex(), len(data), tos])
+    quiet_since = None if sent else time.monotonic()  # idle counts from here
+    while True:
+        if select.select([s], [], [], 0.05)[0]:
+            data, anc, _, _ = s.recvmsg(65535, 64)
+            tos = anc[0][2][0] if anc else -1
+            got.append([data[:24].hex(), len(data), tos])
+            quiet_since = time.monotonic() if quiet_since is not None else None
+        elif quiet_since is None:
+            if os.path.exists(sent):  # the senders are done: what is in flight drains now
+                quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= idle:
+            break
     print(json.dumps(got))
 
 
