@@ -17,8 +17,20 @@ import socket
 import sys
 import time
 
-from trimlab.agents.transport import BUFFER_BYTES, Pacer, Sender, family, set_max_pacing_rate, set_tos
+from trimlab.agents.transport import (
+    BUFFER_BYTES,
+    Pacer,
+    Sender,
+    family,
+    kernel_pacing,
+    set_tos,
+    unsent_bytes,
+)
+from trimlab import wire
 from trimlab.config import TRAFFIC_PORT, parse_rate
+
+
+ETHERNET_LEN = 14  # what a qdisc counts of each frame beyond the IP packet (no FCS)
 
 
 def _event(**fields) -> None:
@@ -33,10 +45,13 @@ def _on_signal(*_):
     raise _Stop
 
 
-def _burst(rate_bps: float, size: int) -> int:
-    """A background flow holds its rate: it makes up to 20 ms of oversleeping (two
-    datagrams at least) back to back."""
-    return max(2 * size, int(rate_bps * 0.02 / 8))
+def _burst(rate_bps: float, size: int, kernel_paced: bool) -> int:
+    """How far behind its schedule a background flow may catch up (two datagrams at
+    least). Paced by the kernel (capped at the flow's rate), a catch-up waits in the
+    host's qdisc and leaves at the rate, so it may cover 250 ms of oversleeping: once the
+    sender has fallen behind once, that backlog keeps the wire busy through later stalls.
+    Paced in user space alone, a catch-up leaves back to back, so it is held to 20 ms."""
+    return max(2 * size, int(rate_bps * (0.25 if kernel_paced else 0.02) / 8))
 
 
 def send(a) -> dict:
@@ -44,20 +59,29 @@ def send(a) -> dict:
     payload = b"\0" * a.size
     sent = 0
     if a.protocol == "udp":
-        tx = Sender(a.dst, a.port, a.dscp, rate_bps=rate, burst_bytes=_burst(rate, a.size))
-
-        pacer = tx.pacer
-
-        def emit() -> int:  # the Sender paces
-            tx.send(payload)
-            return len(payload)
+        tx = Sender(a.dst, a.port, a.dscp)
+        sock = tx.sock
     else:
         sock = socket.socket(family(a.dst), socket.SOCK_STREAM)
         set_tos(sock, a.dscp)
         sock.connect((a.dst, a.port))
-        set_max_pacing_rate(sock, rate)
-        pacer = Pacer(rate, _burst(rate, a.size))
-
+    # the kernel counts frames, the request is payload: Ethernet, IP and UDP (TCP: and its
+    # options, per MSS-sized segment) headers on top of each datagram or segment
+    if a.protocol == "udp":
+        frame = a.size + wire.ip_udp_overhead(":" in a.dst) + ETHERNET_LEN
+        per = a.size
+    else:
+        per = max(1, sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG) or 1448)
+        frame = per + (40 if ":" in a.dst else 20) + 32 + ETHERNET_LEN
+    paced_by, shaped = kernel_pacing(sock, a.dst, rate, minor=a.port, frame_over_payload=frame / per,
+                                     htb=a.kernel_shaping)
+    pacer = Pacer(rate, _burst(rate, a.size, paced_by is not None))
+    if a.protocol == "udp":
+        def emit() -> int:
+            pacer.wait(len(payload))
+            tx.send(payload)
+            return len(payload)
+    else:
         def emit() -> int:  # pace the application writes; TCP does the rest
             pacer.wait(len(payload))
             sock.sendall(payload)
@@ -69,28 +93,38 @@ def send(a) -> dict:
     phase_end = on_at + (a.on_ms / 1e3 if a.pattern == "on_off" else float("inf"))
     _event(event="on", rate_bps=rate, dscp=a.dscp, protocol=a.protocol)
     try:
-        while time.monotonic() < end:
-            now = time.monotonic()
-            if now >= phase_end:
-                on = not on
-                phase_end = now + (a.on_ms if on else a.off_ms) / 1e3
-                if on:  # the off phase was asked for: no deficit to make up
-                    on_at = now
-                    pacer.restart()
+        try:
+            while time.monotonic() < end:
+                now = time.monotonic()
+                if now >= phase_end:
+                    on = not on
+                    phase_end = now + (a.on_ms if on else a.off_ms) / 1e3
+                    if on:  # the off phase was asked for: no deficit to make up
+                        on_at = now
+                        pacer.restart()
+                    else:
+                        on_s += now - on_at
+                    _event(event="on" if on else "off")
+                if on:
+                    sent += emit()
                 else:
-                    on_s += now - on_at
-                _event(event="on" if on else "off")
-            if on:
-                sent += emit()
-            else:
-                time.sleep(min(0.005, max(0.0, phase_end - now)))
-    except (_Stop, BrokenPipeError, ConnectionResetError):
-        pass
-    if on:
-        on_s += time.monotonic() - on_at
-    _event(event="off")
-    return {"event": "summary", "role": "send", "bytes": sent, "on_s": round(on_s, 6), "rate_bps": rate,
-            "offered_bps": round(sent * 8 / on_s) if on_s > 0 else 0}
+                    time.sleep(min(0.005, max(0.0, phase_end - now)))
+        except (_Stop, BrokenPipeError, ConnectionResetError):
+            pass
+        if on:
+            on_s += time.monotonic() - on_at
+        _event(event="off")
+        queued = unsent_bytes(sock)  # handed to the kernel, not on the wire yet: not offered
+    finally:
+        if shaped:  # its backlog leaves first (at most the burst bound): a class goes with its packets
+            drained_by = time.monotonic() + 2 * _burst(rate, a.size, True) * 8 / rate + 1
+            while unsent_bytes(sock) and time.monotonic() < drained_by:
+                time.sleep(0.005)
+            shaped.close()
+    offered = max(0, sent - queued)
+    return {"event": "summary", "role": "send", "bytes": sent, "queued_bytes": queued, "on_s": round(on_s, 6),
+            "rate_bps": rate, "offered_bps": round(offered * 8 / on_s) if on_s > 0 else 0,
+            "paced_by": paced_by or "user space"}
 
 
 def sink(a) -> dict:
@@ -137,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--off-ms", type=float, default=100.0)
     s.add_argument("--size", type=int, default=1400, help="bytes per datagram / write")
     s.add_argument("--duration", type=float, default=None, help="seconds (default: until signalled)")
+    s.add_argument("--kernel-shaping", action="store_true",
+                   help="shape the flow in an htb class of its own under the host NIC's class 1:1 (the "
+                        "virtual rack's hosts; needs CAP_NET_ADMIN); fq on the route's device is used anyway")
     k = sub.add_parser("sink", help="receive and discard flows")
     k.add_argument("--bind", default="0.0.0.0")
     k.add_argument("--port", type=int, default=TRAFFIC_PORT)

@@ -19,8 +19,9 @@ import select
 import fcntl
 import socket
 import struct
-import termios
+import subprocess
 import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -63,6 +64,74 @@ def set_max_pacing_rate(sock: socket.socket, rate_bps: float) -> None:
         sock.setsockopt(socket.SOL_SOCKET, so_max_pacing_rate, min(int(rate_bps / 8), 2**32 - 1))
     except OSError:
         pass
+
+
+def _tc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10)
+
+
+def route_device(dst: str) -> str | None:
+    try:
+        route = subprocess.run(["ip", "route", "get", dst], capture_output=True, text=True, timeout=10).stdout
+        return route.split(" dev ", 1)[1].split()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+class HtbFlow:
+    """A socket's flow shaped by the kernel at its rate: an htb class of its own under the
+    host NIC's line-rate class 1:1 (the virtual rack's hosts), chosen by SO_PRIORITY. The
+    kernel's timer, not the sender's wake-ups, then spaces the packets, so the rate holds
+    while the sender is starved of CPU (its backlog waits in the class). Needs
+    CAP_NET_ADMIN; the class goes when the flow closes."""
+
+    def __init__(self, dev: str, minor: int):
+        self.dev, self.classid = dev, f"1:{minor:x}"
+
+    @classmethod
+    def attach(cls, sock: socket.socket, dst: str, rate_bps: float, minor: int,
+               frame_over_payload: float = 1.0) -> "HtbFlow | None":
+        """Shape `sock` at `rate_bps` of payload, or None where the host has no such htb (or
+        no right to it). htb counts whole frames: `frame_over_payload` scales the class's rate."""
+        dev = route_device(dst)
+        if dev is None or "class htb 1:1 " not in _tc("class", "show", "dev", dev).stdout:
+            return None
+        flow, rate = cls(dev, minor), f"{int(rate_bps * frame_over_payload)}bit"
+        burst = str(max(15000, int(rate_bps / 8 * 1e-3)))  # 1 ms of the rate: exact at any rate
+        made = _tc("class", "replace", "dev", dev, "parent", "1:1", "classid", flow.classid, "htb", "rate", rate,
+                   "ceil", rate, "burst", burst, "cburst", burst)
+        if made.returncode or _tc("qdisc", "replace", "dev", dev, "parent", flow.classid, "handle", f"{minor:x}:",
+                                  "pfifo", "limit", "20000").returncode:
+            flow.close()
+            return None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, (1 << 16) | minor)
+        except OSError:
+            flow.close()
+            return None
+        return flow
+
+    def close(self) -> None:
+        _tc("class", "del", "dev", self.dev, "classid", self.classid)
+
+
+def kernel_pacing(sock: socket.socket, dst: str, rate_bps: float, minor: int, frame_over_payload: float = 1.0,
+                  htb: bool = False) -> tuple[str | None, HtbFlow | None]:
+    """Have the kernel pace `sock` to `rate_bps` (of payload) on its way to `dst`, where it
+    can: an fq qdisc on the route's device paces to SO_MAX_PACING_RATE (lab hosts' common
+    default); with `htb`, a class of its own on the virtual rack's host NIC. Returns how
+    ("fq", "htb 1:MINOR" or None: user space alone) and the class to close."""
+    set_max_pacing_rate(sock, rate_bps * frame_over_payload)
+    dev = route_device(dst)
+    if dev and any(line.startswith("qdisc fq ") for line in _tc("qdisc", "show", "dev", dev).stdout.splitlines()):
+        return "fq", None
+    flow = HtbFlow.attach(sock, dst, rate_bps, minor, frame_over_payload) if htb else None
+    return (f"htb {flow.classid}", flow) if flow else (None, None)
+
+
+def unsent_bytes(sock: socket.socket) -> int:
+    """Bytes a socket handed the kernel that have not left the host yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]
 
 
 def _set_buffers(s: socket.socket, opt: int, size: int) -> int:
@@ -460,8 +529,8 @@ class Receiver:
             return False
 
     def unsent_bytes(self) -> int:
-        """Bytes this socket handed the kernel that have not left the host yet (SIOCOUTQ)."""
-        return struct.unpack("i", fcntl.ioctl(self.sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+        """Bytes this socket handed the kernel that have not left the host yet."""
+        return unsent_bytes(self.sock)
 
     def close(self) -> None:
         self.sock.close()

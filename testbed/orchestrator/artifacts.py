@@ -67,7 +67,8 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
         out["switch"] = counters["switch"]
     if data.background_load:  # what each background flow offered, against what it was asked
         out["background"] = {str(i): {"requested_bps": f["rate_bps"], "offered_bps": f["offered_bps"],
-                                      "on_s": f["on_s"], "ratio": round(f["offered_bps"] / f["rate_bps"], 4)}
+                                      "on_s": f["on_s"], "ratio": round(f["offered_bps"] / f["rate_bps"], 4),
+                                      "paced_by": f.get("paced_by", "user space")}
                              for i, f in sorted(data.background_load.items()) if f.get("rate_bps")}
     for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
         if w.name not in finals and rank in script_results and script_results[rank].checksum:

@@ -57,7 +57,8 @@ def sink(p: Placement, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
 def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
     return _agent(p, host, "traffic", "send", "--dst", dst, "--port", str(TRAFFIC_PORT + i), "--rate", flow.rate,
                   "--dscp", str(flow.dscp), "--protocol", flow.protocol, "--pattern", flow.pattern,
-                  "--on-ms", str(flow.on_ms), "--off-ms", str(flow.off_ms))
+                  "--on-ms", str(flow.on_ms), "--off-ms", str(flow.off_ms),
+                  *(["--kernel-shaping"] if p.rack.virtual else []))  # the rack's host NIC is ours
 
 
 def worker(p: Placement, host: str, rank: int, config: str, out: str) -> list[str]:

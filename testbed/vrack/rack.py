@@ -359,12 +359,16 @@ def _host_nic(ns: str, dev: str, rate_bps: int, delay_ms: float) -> None:
             raise RackError(f"delay={delay_ms}: this kernel has no sch_netem ({out.stderr.strip()}); "
                             "use --delay 0")
         return
+    # Class 1:1 is the NIC's line rate; everything goes through leaf 1:10 unless a sender
+    # shapes its own flow in a class of its own under 1:1 (transport.HtbFlow: the kernel
+    # holds a background flow's rate however busy the host is).
     rate = f"{rate_bps}bit"
-    _run("tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1", ns=ns)
-    _run("tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
-         "ceil", rate, "burst", "15k", "cburst", "15k", ns=ns)
+    _run("tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10", ns=ns)
+    for parent, classid in (("1:", "1:1"), ("1:1", "1:10")):
+        _run("tc", "class", "replace", "dev", dev, "parent", parent, "classid", classid, "htb", "rate", rate,
+             "ceil", rate, "burst", "15k", "cburst", "15k", ns=ns)
     # Deep enough that a sender's socket buffer, not the qdisc, pushes back, as a NIC would.
-    _run("tc", "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "2:", "pfifo",
+    _run("tc", "qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo",
          "limit", "20000", ns=ns)
 
 
