@@ -32,7 +32,6 @@ at most 1500); rank 0 says so once.
 
 import atexit
 import hashlib
-import json
 import os
 import queue
 import sys
@@ -252,16 +251,13 @@ class TrimlabState:
         self.plog.close()
         self.mlog.close()
         last = self.layouts[-1] if self.layouts else {"buckets": {}, "owners": {}, "numel": 0}
-        layout = {"numel": last["numel"], "rank": self.rank,
-                  "topology": "ddp", "buckets": last["buckets"], "owners": last["owners"]}
-        differ = {str(i): lay["buckets"] for i, lay in enumerate(self.layouts) if lay["buckets"] != last["buckets"]}
-        if differ:  # DDP rebuilds its buckets after the first step
-            layout["buckets_by_step"] = differ
-            layout["owners_by_step"] = {str(i): self.layouts[i]["owners"] for i in map(int, differ)}
-        (self.out / rundir.LAYOUT).write_text(json.dumps(layout, indent=1) + "\n")
-        final = {"role": "worker", "rank": self.rank, "steps": self.step, "checksum": self.digest.hexdigest()[:16],
-                 "test_acc": None, "wall_s": time.monotonic() - self.t0, "discarded": dict(self.node.discarded)}
-        (self.out / rundir.FINAL).write_text(json.dumps(final, indent=2) + "\n")
+        differ = {i: lay for i, lay in enumerate(self.layouts) if lay["buckets"] != last["buckets"]}
+        rundir.GradientLayout(  # DDP rebuilds its buckets after the first step: those steps' own
+            numel=last["numel"], rank=self.rank, topology="ddp", buckets=last["buckets"], owners=last["owners"],
+            buckets_by_step={i: lay["buckets"] for i, lay in differ.items()},
+            owners_by_step={i: lay["owners"] for i, lay in differ.items()}).write(self.out)
+        rundir.Final(role="worker", rank=self.rank, steps=self.step, checksum=self.digest.hexdigest()[:16],
+                     wall_s=time.monotonic() - self.t0, discarded=dict(self.node.discarded)).write(self.out)
 
 
 def trimlab_hook(state: TrimlabState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -12,7 +12,6 @@ final.json into --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from trimlab.config import STEP_FIELDS, AgentConfig
 from trimlab.errors import SpecError
 
 
-def run(cfg: AgentConfig, out: Path) -> dict:
+def run(cfg: AgentConfig, out: Path) -> rundir.Final:
     out.mkdir(parents=True, exist_ok=True)
     t, to = cfg.transport, cfg.timeouts
     wl = W.build(cfg.workload, cfg.seed)
@@ -80,11 +79,10 @@ def run(cfg: AgentConfig, out: Path) -> dict:
         node.bye_all(dests)
         W.set_flat_params(wl.model, params)
         loss, acc = wl.evaluate()
-        final = {"role": "ps", "steps": steps, "checksum": W.checksum(params), "test_loss": loss,
-                 "test_acc": acc, "numel": numel, "wall_s": time.monotonic() - t0,
-                 "discarded": dict(node.discarded), **totals}
-        (out / rundir.FINAL).write_text(json.dumps(final, indent=2) + "\n")
-        logs.log_event(event="done", role="ps", test_acc=acc, checksum=final["checksum"])
+        final = rundir.Final(role="ps", steps=steps, checksum=W.checksum(params), test_loss=loss, test_acc=acc,
+                             numel=numel, wall_s=time.monotonic() - t0, discarded=dict(node.discarded), **totals)
+        final.write(out)
+        logs.log_event(event="done", role="ps", test_acc=acc, checksum=final.checksum)
         return final
     finally:
         plog.close()

@@ -16,7 +16,6 @@ packets.csv into --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -114,13 +113,11 @@ class Worker:
         finally:
             plog.close()
 
-    def run(self) -> dict:
+    def run(self) -> rundir.Final:
         sharded = self.cfg.topology == "sharded"
-        (self.out / rundir.LAYOUT).write_text(json.dumps({
-            "numel": self.numel, "rank": self.rank, "topology": self.cfg.topology,
-            "buckets": ({r: list(b) for r, b in enumerate(shard_bounds(self.numel, self.world))}
-                        if sharded else {0: [0, self.numel]}),
-        }, indent=2) + "\n")
+        rundir.GradientLayout(numel=self.numel, rank=self.rank, topology=self.cfg.topology,
+                              buckets=(dict(enumerate(shard_bounds(self.numel, self.world)))
+                                       if sharded else {0: (0, self.numel)})).write(self.out)
         logs.log_event(event="start", role="worker", rank=self.rank, numel=self.numel)
         try:
             self.run_sharded() if sharded else self.run_ps()
@@ -128,11 +125,11 @@ class Worker:
             self.mlog.close()
         W.set_flat_params(self.wl.model, self.params)
         loss, acc = self.wl.evaluate()
-        final = {"role": "worker", "rank": self.rank, "steps": self.cfg.steps,
-                 "checksum": W.checksum(self.params), "test_loss": loss, "test_acc": acc,
-                 "wall_s": time.monotonic() - self.t0, "discarded": dict(self.node.discarded)}
-        (self.out / rundir.FINAL).write_text(json.dumps(final, indent=2) + "\n")
-        logs.log_event(event="done", role="worker", rank=self.rank, checksum=final["checksum"], test_acc=acc)
+        final = rundir.Final(role="worker", rank=self.rank, steps=self.cfg.steps, checksum=W.checksum(self.params),
+                             test_loss=loss, test_acc=acc, wall_s=time.monotonic() - self.t0,
+                             discarded=dict(self.node.discarded))
+        final.write(self.out)
+        logs.log_event(event="done", role="worker", rank=self.rank, checksum=final.checksum, test_acc=acc)
         return final
 
 

@@ -52,14 +52,6 @@ def _layout_rows(codec, numel: int, cfg: AgentConfig, bucket: int) -> pd.DataFra
     return pd.concat(parts, ignore_index=True)
 
 
-def step_buckets(lay: dict, step: int) -> tuple[dict[int, list[int]], dict[int, int]]:
-    """A worker's buckets in `step` (wire bucket -> [lo, hi) of its gradient) and their owners
-    (the DDP hook writes both, and the buckets of steps before DDP rebuilt them)."""
-    buckets = lay.get("buckets_by_step", {}).get(str(step), lay["buckets"])
-    owners = lay.get("owners_by_step", {}).get(str(step), lay.get("owners", {}))
-    return {int(k): v for k, v in buckets.items()}, {int(k): int(v) for k, v in owners.items()}
-
-
 def sent_packets(run: RunData) -> pd.DataFrame:
     """Every gradient packet the workers sent, by the layout and the steps they reported."""
     cfg = run.cfg
@@ -73,7 +65,7 @@ def sent_packets(run: RunData) -> pd.DataFrame:
             continue
         by_layout: dict[str, list[int]] = {}  # steps that share a bucket layout
         for step in steps:
-            by_layout.setdefault(json.dumps(step_buckets(lay, int(step))), []).append(int(step))
+            by_layout.setdefault(json.dumps(lay.at_step(int(step))), []).append(int(step))
         for key, group in by_layout.items():
             buckets, owners = (({int(k): v for k, v in d.items()}) for d in json.loads(key))
             for b, (lo, hi) in buckets.items():
@@ -115,7 +107,7 @@ def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Serie
         lay = run.layout(rank) if rank < len(cfg.workers) else None
         if g is None or lay is None:
             continue
-        for b, (lo, hi) in step_buckets(lay, step)[0].items():
+        for b, (lo, hi) in lay.at_step(step)[0].items():
             sel = rows[(rows["step"] == step) & (rows["rank"] == rank) & (rows["bucket"] == b)]
             if sel.empty:
                 continue
@@ -341,8 +333,8 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
                        + (both["recv_len"] != both["log_len"]).sum())
             only_cap = int((mine["seen_receiver"] & ~mine["logged"]).sum())
             only_log = int((~mine["seen_receiver"] & mine["logged"]).sum())
-            final = run.agent_json(host, rundir.FINAL) or {}
-            late = sum(final.get("discarded", {}).get(k, 0) for k in ("late", "unexpected"))
+            final = rundir.Final.read(run.path / rundir.AGENTS / host)
+            late = sum(final.discarded.get(k, 0) for k in ("late", "unexpected")) if final else 0
             status = AGREE if diff == only_cap == only_log == 0 else \
                 EXPLAINED if diff == 0 and only_cap <= late and only_log <= lost.get(host, 0) else DISAGREE
             detail = (f"{len(both)} packets in both agree on length and trim" if diff == 0 else

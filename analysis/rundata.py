@@ -87,10 +87,6 @@ class RunData:
         p = self.path / rundir.AGENTS / host / name
         return pd.read_csv(p) if p.exists() and p.stat().st_size else None
 
-    def agent_json(self, host: str, name: str) -> dict | None:
-        p = self.path / rundir.AGENTS / host / name
-        return json.loads(p.read_text()) if p.exists() else None
-
     @cached_property
     def packet_log(self) -> pd.DataFrame:
         """Every receiver's packets.csv (one row per gradient datagram), with `receiver`."""
@@ -152,8 +148,8 @@ class RunData:
                     rows.append(ev)
         return pd.DataFrame(rows, columns=sorted({k for r in rows for k in r} | {"step", "loss"}))
 
-    def layout(self, rank: int) -> dict | None:
-        return self.agent_json(self.cfg.workers[rank].name, rundir.LAYOUT)
+    def layout(self, rank: int) -> rundir.GradientLayout | None:
+        return rundir.GradientLayout.read(self.path / rundir.AGENTS / self.cfg.workers[rank].name)
 
     # -- captures --------------------------------------------------------------------------------
     def capture(self, host: str) -> pd.DataFrame | None:

@@ -23,6 +23,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from trimlab import __version__
 from trimlab.errors import TrimlabError
@@ -67,6 +70,63 @@ PACKET_LOG = "packets.csv"  # trimlab.config.PACKET_LOG_FIELDS
 STEPS = "steps.csv"  # the ps: trimlab.config.STEP_FIELDS
 LAYOUT = "layout.json"
 TRUTH_GLOB = "step*-rank*.npy"
+
+
+class _AgentFile(BaseModel):
+    """A JSON file an agent writes into its output folder; written and read only here."""
+
+    model_config = ConfigDict(extra="forbid")
+    FILE: ClassVar[str]
+
+    def write(self, out_dir: Path) -> None:
+        (out_dir / self.FILE).write_text(self.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+    @classmethod
+    def read(cls, out_dir: Path):
+        """The agent's file in `out_dir` (an agent's folder), None if it wrote none."""
+        path = out_dir / cls.FILE
+        return cls.model_validate_json(path.read_text()) if path.exists() else None
+
+
+class Final(_AgentFile):
+    """final.json: how an agent ended (a worker, the ps, a DDP rank's hook)."""
+
+    FILE: ClassVar[str] = FINAL
+    role: Literal["worker", "ps"]
+    rank: int | None = None  # workers
+    steps: int | None = None  # None: a DDP script without the hook said only its checksum
+    checksum: str  # of the final parameters: equal on every host
+    test_acc: float | None = None  # None: the DDP hook (its script knows the accuracy)
+    test_loss: float | None = None
+    wall_s: float | None = None
+    numel: int | None = None  # the ps
+    discarded: dict[str, int] = {}  # reason -> datagrams the agent discarded
+    # the ps's gradient packets over the run
+    received: int | None = None
+    trimmed: int | None = None
+    missing: int | None = None
+    expected: int | None = None
+
+
+Span = tuple[int, int]  # [lo, hi) of a worker's flattened gradient
+
+
+class GradientLayout(_AgentFile):
+    """layout.json: where a worker's wire buckets sit in its flattened gradient."""
+
+    FILE: ClassVar[str] = LAYOUT
+    numel: int
+    rank: int
+    topology: Literal["ps", "sharded", "ddp"]
+    buckets: dict[int, Span]  # wire bucket -> its span
+    owners: dict[int, int] = {}  # wire bucket -> the rank that reduces it (absent: the bucket's own number)
+    # the DDP hook: buckets (and owners) of the steps before DDP rebuilt its buckets
+    buckets_by_step: dict[int, dict[int, Span]] = {}
+    owners_by_step: dict[int, dict[int, int]] = {}
+
+    def at_step(self, step: int) -> tuple[dict[int, Span], dict[int, int]]:
+        """The buckets and their owners in `step`."""
+        return self.buckets_by_step.get(step, self.buckets), self.owners_by_step.get(step, self.owners)
 
 
 def point_of(name: str) -> str:

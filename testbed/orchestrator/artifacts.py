@@ -4,7 +4,6 @@ run's results from it."""
 from __future__ import annotations
 
 import errno
-import json
 import time
 from pathlib import Path
 
@@ -58,8 +57,7 @@ def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remot
 def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Done], t0: float) -> dict:
     """The run's outcome from what was collected; RunFailed if the models diverged."""
     agents = run.path / rundir.AGENTS
-    finals = {d.name: json.loads((d / rundir.FINAL).read_text())
-              for d in agents.iterdir() if (d / rundir.FINAL).exists()} if agents.exists() else {}
+    finals = {d.name: f for d in agents.iterdir() if (f := rundir.Final.read(d))} if agents.exists() else {}
     out: dict = {"wall_s": round(time.monotonic() - t0, 2), "steps": steps}
     data = RunData.open(run.path)
     counters = data.counters  # every switch of the run, summed
@@ -73,18 +71,18 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
     for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
         if w.name not in finals and rank in script_results and script_results[rank].checksum:
             done = script_results[rank]
-            finals[w.name] = {"role": "worker", "rank": rank, "checksum": done.checksum, "test_acc": done.test_acc}
-    workers = {n: f for n, f in finals.items() if f.get("role") == "worker"}
+            finals[w.name] = rundir.Final(role="worker", rank=rank, checksum=done.checksum, test_acc=done.test_acc)
+    workers = {n: f for n, f in finals.items() if f.role == "worker"}
     for f in workers.values():  # the DDP hook knows gradients, the script its accuracy
-        if f.get("test_acc") is None and f.get("rank") in script_results:
-            f["test_acc"] = script_results[f["rank"]].test_acc
-    out["workers"] = {n: {"test_acc": f["test_acc"], "checksum": f["checksum"]} for n, f in workers.items()}
-    checksums = {f["checksum"] for f in finals.values()}
+        if f.test_acc is None and f.rank in script_results:
+            f.test_acc = script_results[f.rank].test_acc
+    out["workers"] = {n: {"test_acc": f.test_acc, "checksum": f.checksum} for n, f in workers.items()}
+    checksums = {f.checksum for f in finals.values()}
     out["parameters_identical"] = len(checksums) == 1 and len(workers) == len(p.workers)
-    ps = next((f for f in finals.values() if f.get("role") == "ps"), None)
+    ps = next((f for f in finals.values() if f.role == "ps"), None)
     if ps:
-        out["ps"] = {k: ps[k] for k in ("received", "trimmed", "missing", "expected", "discarded")}
-    accs = [f["test_acc"] for f in finals.values()]
+        out["ps"] = ps.model_dump(include={"received", "trimmed", "missing", "expected", "discarded"})
+    accs = [f.test_acc for f in finals.values()]
     out["test_acc"] = accs[0] if accs else None
     run.record(results=out)
     if len(workers) != len(p.workers):

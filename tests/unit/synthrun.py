@@ -84,8 +84,7 @@ class Synth:
         for rank, w in enumerate(WORKERS):
             out = path / "agents" / w["name"]
             out.mkdir(parents=True, exist_ok=True)
-            (out / "layout.json").write_text(json.dumps({"numel": self.numel, "rank": rank, "topology": "ps",
-                                                         "buckets": {"0": [0, self.numel]}}))
+            rundir.GradientLayout(numel=self.numel, rank=rank, topology="ps", buckets={0: (0, self.numel)}).write(out)
             tx = PcapWriter(str(path / "pcaps" / f"{w['name']}.pcap"), linktype=1)
             with open(out / "metrics.csv", "w", newline="") as f:
                 mw = csv.writer(f)
@@ -138,7 +137,7 @@ class Synth:
             cw = csv.writer(f)
             cw.writerow(PACKET_LOG_FIELDS)
             cw.writerows(log_rows)
-        (ps / "final.json").write_text(json.dumps({"role": "ps", "discarded": {"late": self.late}}))
+        rundir.Final(role="ps", checksum="0" * 16, discarded={"late": self.late}).write(ps)
         with open(ps / "steps.csv", "w", newline="") as f:
             sw = csv.writer(f)
             sw.writerow(["step", "t", "test_acc"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trimlab import wire
+from trimlab import rundir, wire
 from trimlab.agents import workloads as W
 from trimlab.agents.collective import shard_bounds
 from trimlab.codec import get_codec
@@ -74,8 +74,7 @@ def finish(procs) -> None:
 
 
 def finals(tmp: Path) -> dict:
-    return {d.name: json.loads((d / "final.json").read_text()) for d in tmp.iterdir()
-            if (d / "final.json").exists()}
+    return {d.name: f for d in tmp.iterdir() if (f := rundir.Final.read(d))}
 
 
 def test_ps_topology_identical_parameters_packet_log_and_flood(tmp_path):
@@ -106,14 +105,14 @@ def test_ps_topology_identical_parameters_packet_log_and_flood(tmp_path):
         t.join()
     f = finals(tmp_path)
     assert sorted(f) == ["ps1", "w1", "w2", "w3"]
-    assert len({v["checksum"] for v in f.values()}) == 1  # bit-identical everywhere
-    d = f["ps1"]["discarded"]
+    assert len({v.checksum for v in f.values()}) == 1  # bit-identical everywhere
+    d = f["ps1"].discarded
     assert d["unknown_source"] > 0 and d["not_trimlab"] > 0 and d["other_job"] > 0, d
-    assert f["ps1"]["received"] == f["ps1"]["expected"] and f["ps1"]["missing"] == 0
+    assert f["ps1"].received == f["ps1"].expected and f["ps1"].missing == 0
     rows = (tmp_path / "ps1" / "packets.csv").read_text().splitlines()
     assert rows[0].split(",") == list(PACKET_LOG_FIELDS)
     accepted = [r.split(",") for r in rows[1:] if r.endswith(",accepted")]
-    assert len(accepted) == f["ps1"]["received"]
+    assert len(accepted) == f["ps1"].received
     assert {r[12] for r in accepted} == {"8"}  # untrimmed: every plane kept
     steps = (tmp_path / "ps1" / "steps.csv").read_text().splitlines()
     assert len(steps) == 1 + cfg["steps"]
@@ -126,9 +125,9 @@ def test_sharded_topology_identical_parameters(tmp_path):
     finish(launch(cfg, tmp_path))
     f = finals(tmp_path)
     assert sorted(f) == ["w1", "w2", "w3"]
-    assert len({v["checksum"] for v in f.values()}) == 1
-    layout = json.loads((tmp_path / "w1" / "layout.json").read_text())
-    assert [b for b in layout["buckets"].values()] == [list(b) for b in shard_bounds(layout["numel"], 3)]
+    assert len({v.checksum for v in f.values()}) == 1
+    layout = rundir.GradientLayout.read(tmp_path / "w1")
+    assert list(layout.buckets.values()) == list(shard_bounds(layout.numel, 3))
     for w in ("w1", "w2", "w3"):  # each owner logged the packets of its shard from the 2 others
         rows = (tmp_path / w / "packets.csv").read_text().splitlines()[1:]
         own = int(w[1:]) - 1
@@ -139,8 +138,8 @@ def test_a_worker_that_starts_late_still_gets_every_step(tmp_path):
     cfg = config("ps", workers=2, steps=4, base=22)
     finish(launch(cfg, tmp_path, late_rank=1))
     f = finals(tmp_path)
-    assert len({v["checksum"] for v in f.values()}) == 1
-    assert f["ps1"]["missing"] == 0  # the first step waited for everyone
+    assert len({v.checksum for v in f.values()}) == 1
+    assert f["ps1"].missing == 0  # the first step waited for everyone
 
 
 def test_flat_sgd_and_parameter_round_trip():

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from trimlab import resources
+from trimlab import resources, rundir
 from trimlab.agents.ddp_hook import HookError, TrimlabState
 from trimlab.config import PHASES, AgentConfig
 
@@ -71,10 +71,10 @@ def test_hook_trains_identically_on_every_rank_and_matches_allreduce(tmp_path, d
     a, b = flat(tmp_path / "trimlab-0.pt"), flat(tmp_path / "gloo" / "allreduce-0.pt")
     assert float((a - b).norm() / b.norm()) < 1e-4
     assert abs(hook[0]["test_acc"] - base[0]["test_acc"]) <= 0.02
-    finals = [json.loads((tmp_path / f"w{r + 1}" / "final.json").read_text()) for r in range(3)]
-    assert len({f["checksum"] for f in finals}) == 1 and all(f["steps"] == 12 for f in finals)
-    layout = json.loads((tmp_path / "w1" / "layout.json").read_text())
-    assert layout["topology"] == "ddp" and set(layout["owners"].values()) == {1, 2}
+    finals = [rundir.Final.read(tmp_path / f"w{r + 1}") for r in range(3)]
+    assert len({f.checksum for f in finals}) == 1 and all(f.steps == 12 for f in finals)
+    layout = rundir.GradientLayout.read(tmp_path / "w1")
+    assert layout.topology == "ddp" and set(layout.owners.values()) == {1, 2}
     log = pd.read_csv(tmp_path / "w1" / "packets.csv")
     assert set(log["rank"]) == {1, 2} and (log["status"] == "accepted").all() and log["step"].nunique() == 12
     metrics = pd.read_csv(tmp_path / "w2" / "metrics.csv")
@@ -151,7 +151,7 @@ def test_buckets_of_any_size_average_exactly_enough(tmp_path, device):
         assert float((out[(0, i)] - exact).norm() / exact.norm()) < 1e-3, n
     for s in states:
         s.close()
-    layout = json.loads((tmp_path / "w1" / "layout.json").read_text())
+    layout = rundir.GradientLayout.read(tmp_path / "w1")
     # wire bucket = index × 3 + owner, for the shards rank 0 sends; shard_bounds leaves the
     # first ranks empty in a bucket smaller than the world: nothing is sent for those
-    assert layout["owners"] == {"2": 2, "4": 1, "5": 2, "7": 1, "8": 2, "10": 1, "11": 2}
+    assert layout.owners == {2: 2, 4: 1, 5: 2, 7: 1, 8: 2, 10: 1, 11: 2}
