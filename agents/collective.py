@@ -22,7 +22,7 @@ from trimlab.agents.collect import Collector
 from trimlab.agents.failure import MissedSteps, ProtocolError
 from trimlab.agents.node import Node
 from trimlab.agents.transport import Sender
-from trimlab.codec import CodecContext
+from trimlab.codec import CodecContext, packing
 from trimlab.config import PHASES, AgentConfig
 
 
@@ -140,7 +140,7 @@ class ShardedAllReduce:
         if compress and hi > lo and self.gathered_compressed(hi - lo):
             ctx = self._gather_ctx(step, own)
             packets = self.node.codec.encode(shard, ctx)
-            data = self.node.codec.pack(packets)
+            data = packing.pack(packets)
             shard = self.node.codec.decode(packets, ctx, hi - lo).tensor  # what the others will hold
         if hi > lo and self.others:
             self.node.broadcast(step, own, data, list(self.others.values()),
@@ -153,7 +153,7 @@ class ShardedAllReduce:
             b, timeout = self.wire_bucket(index, owner), self._timeout(step, "params_s")
             if compress and self.gathered_compressed(s_hi - s_lo):
                 ctx = self._gather_ctx(step, b)
-                packets = self.node.codec.unpack(self.node.wait_bytes(addr, step, b, timeout), ctx, s_hi - s_lo)
+                packets = packing.unpack(self.node.codec, self.node.wait_bytes(addr, step, b, timeout), ctx, s_hi - s_lo)
                 out[s_lo:s_hi] = self.node.codec.decode(packets, ctx, s_hi - s_lo).tensor
             else:
                 out[s_lo:s_hi] = self.node.wait_params(addr, step, b, s_hi - s_lo, timeout)
@@ -167,7 +167,7 @@ class ShardedAllReduce:
     def gathered_compressed(self, numel: int) -> bool:
         """Whether a shard of `numel` values is all-gathered as codec packets: only where
         they are smaller than the float32 values (embedded: about half; sign_tail: larger)."""
-        return self.node.codec.packed_size(numel, self._gather_ctx(0, 0)) < 4 * numel
+        return packing.packed_size(self.node.codec, numel, self._gather_ctx(0, 0)) < 4 * numel
 
     def close(self) -> None:
         """Deliver what is still unacknowledged and answer peers' retransmissions a moment."""

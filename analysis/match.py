@@ -23,7 +23,7 @@ import torch
 
 from trimlab import rundir, wire
 from trimlab.analysis.rundata import RunData, RunDataError
-from trimlab.codec import CodecContext
+from trimlab.codec import CodecContext, measure
 from trimlab.config import TRAFFIC_PORT, AgentConfig
 
 KEY = ["step", "rank", "bucket", "span", "packet"]
@@ -113,8 +113,8 @@ def _truth_errors(run: RunData, rows: pd.DataFrame) -> tuple[pd.Series, pd.Serie
                 continue
             ctx = CodecContext(seed=cfg.seed, step=step, bucket=b, span=cfg.codec.span, coords=cfg.codec.coords)
             got = np.where(sel["dropped"], -1, sel["recv_len"].fillna(sel["sent_len"]) - wire.HEADER_LEN)
-            e = codec.packet_errors(torch.tensor(g[lo:hi]), ctx, torch.tensor(sel["span"].to_numpy()),
-                                    torch.tensor(sel["packet"].to_numpy()), torch.tensor(got.astype(np.int64)))
+            e = measure.packet_errors(codec, torch.tensor(g[lo:hi]), ctx, torch.tensor(sel["span"].to_numpy()),
+                                      torch.tensor(sel["packet"].to_numpy()), torch.tensor(got.astype(np.int64)))
             energy = e["energy"].numpy()
             nmse.loc[sel.index] = np.where(energy > 0, e["error"].numpy() / np.where(energy > 0, energy, 1), 0.0)
             scale.loc[sel.index] = e["scale"].numpy()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import inspect
 
-from trimlab.codec.base import Codec, CodecContext, Decoded, Layout, Packets
+from trimlab.codec.base import Codec, CodecContext, Decoded, Packets
 from trimlab.codec.embedded import Embedded
+from trimlab.codec.layout import Layout
 from trimlab.codec.raw import BF16, FP32
 from trimlab.codec.sign_tail import SignTail
 from trimlab.errors import CodecError

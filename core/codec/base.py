@@ -1,11 +1,9 @@
-"""What every codec shares: the span/packet layout, the packet batch, encode and decode.
-
-A bucket (a flat float tensor of `numel` coordinates) is cut into spans of `span`
-coordinates; the last, shorter span is zero-padded (to a power of two for rotated codecs,
-to a multiple of 32 otherwise). Rotated codecs apply the RHT per span. Each span is sliced
-into packets of `coords` (B) coordinates; the last packet of a span may carry fewer (still a
-multiple of 32). A codec only has to say how one uniform block of packets, a (P, c)
-matrix, becomes payload bodies and back (`encode_block` / `decode_block`).
+"""The per-packet interface every codec shares: encode a bucket into packets and decode
+any subset of them, by the bucket's layout (`trimlab.codec.layout`), in torch or with the
+native kernels (`trimlab.codec.kernels`). A codec only has to say how one uniform block of
+packets, a (P, c) matrix, becomes payload bodies and back (`encode_block` /
+`decode_block`); rotated codecs apply the RHT per span first. Packing for the all-gather
+and error measurement are modules of their own (`packing`, `measure`).
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ import numpy as np
 import torch
 
 from trimlab.codec import kernels, rht
+from trimlab.codec.layout import Layout, SpanGroup, cat, layout_of, row_order, skeleton_of, whole_planes
 from trimlab.errors import CodecError
 
-MAX_PACKETS_PER_SPAN = 256  # the header's packet index is one byte
-MAX_SPANS = 1 << 16  # the header's span index is two bytes
 
 
 @dataclass(frozen=True)
@@ -68,85 +65,6 @@ class Decoded(NamedTuple):
     tensor: torch.Tensor  # (numel,) float32; missing coordinates hold zero-filled estimates
     missing: torch.Tensor  # (numel,) bool, read-only (nothing missing: one False, expanded)
     stats: dict[str, torch.Tensor]  # per input packet, in input order: bytes, present, planes
-
-
-@dataclass(frozen=True)
-class SpanGroup:
-    """Spans of equal (padded) size: the full spans, or the one shorter last span."""
-
-    first: int  # index of the first span
-    count: int  # number of spans
-    size: int  # coordinates per span, padding included
-    start: int  # offset of the first span in the flat tensor
-    filled: int  # real (unpadded) coordinates per span
-
-
-@dataclass(frozen=True)
-class Block:
-    """Packets of equal size within one span group."""
-
-    group: SpanGroup
-    first_index: int  # packet index (in span) of the block's first packet
-    per_span: int  # packets per span in this block
-    coords: int  # coordinates per packet
-
-
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
-
-
-class Layout:
-    """Where every coordinate of a bucket goes: spans, packets, blocks of equal packets."""
-
-    def __init__(self, numel: int, span: int, coords: int, pow2_tail: bool):
-        if numel < 1:
-            raise CodecError(f"bucket has {numel} coordinates; it needs at least 1")
-        if span < 32 or span & (span - 1):
-            raise CodecError(f"span={span}: must be a power of two ≥ 32")
-        if coords < 32 or coords % 32:
-            raise CodecError(f"coords={coords}: B must be a positive multiple of 32")
-        if math.ceil(span / coords) > MAX_PACKETS_PER_SPAN:
-            raise CodecError(f"span={span} with coords={coords} needs more than "
-                             f"{MAX_PACKETS_PER_SPAN} packets per span; raise coords or lower span")
-        full, rest = divmod(numel, span)
-        if full + (rest > 0) > MAX_SPANS:
-            raise CodecError(f"bucket of {numel} coordinates needs more than {MAX_SPANS} spans "
-                             f"of {span}; split the bucket or raise span")
-        self.numel, self.span, self.coords = numel, span, coords
-        self.groups: list[SpanGroup] = []
-        if full:
-            self.groups.append(SpanGroup(0, full, span, 0, span))
-        if rest:
-            size = max(32, _next_pow2(rest)) if pow2_tail else -(-rest // 32) * 32
-            self.groups.append(SpanGroup(full, 1, min(size, span), full * span, rest))
-        self.blocks: list[Block] = []
-        for g in self.groups:
-            n_full, tail = divmod(g.size, coords)
-            if n_full:
-                self.blocks.append(Block(g, 0, n_full, coords))
-            if tail:
-                self.blocks.append(Block(g, n_full, 1, tail))
-
-    def block_view(self, spans: torch.Tensor, b: Block) -> torch.Tensor:
-        """The (spans, packets, coordinates) view of block `b` inside its group's
-        (count, size) span matrix: a packet is one row of it."""
-        start = b.first_index * self.coords
-        return spans[:, start:start + b.per_span * b.coords].view(b.group.count, b.per_span, b.coords)
-
-    def packets_in_span(self, group: SpanGroup) -> int:
-        return -(-group.size // self.coords)
-
-    def skeleton(self, body_bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Span, packet index, coordinates and body length of every packet, in the order
-        encode writes them (block after block, span-major); `body_bytes(c)` sizes a body."""
-        span, index, coords, length = [], [], [], []
-        for b in self.blocks:
-            g, n = b.group, b.group.count * b.per_span
-            span.append(torch.arange(g.first, g.first + g.count).repeat_interleave(b.per_span))
-            index.append(torch.arange(b.first_index, b.first_index + b.per_span).repeat(g.count))
-            coords.append(torch.full((n,), b.coords, dtype=torch.int64))
-            length.append(torch.full((n,), body_bytes(b.coords), dtype=torch.int64))
-        return _cat(span), _cat(index), _cat(coords), _cat(length)
 
 
 class Codec:
@@ -213,18 +131,18 @@ class Codec:
 
     # -- whole buckets --------------------------------------------------------------------
     def layout(self, numel: int, ctx: CodecContext) -> Layout:
-        return _layout(numel, ctx.span, ctx.coords, self.rotated)
+        return layout_of(numel, ctx.span, ctx.coords, self.rotated)
 
     def skeleton(self, lay: Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`lay.skeleton(self.body_bytes)`, cached: span, index, coords and body bytes of each
         packet in the layout's order (read-only tensors)."""
-        return _skeleton(lay, self.body_bytes(32))
+        return skeleton_of(lay, self.body_bytes(32))
 
     def _signs(self, ctx: CodecContext, g: SpanGroup, device) -> torch.Tensor:
         return rht.span_sign_masks(ctx.seed, ctx.step, ctx.bucket,
                                    range(g.first, g.first + g.count), g.size, device=device)
 
-    def _blocks(self, x: torch.Tensor, ctx: CodecContext):
+    def blocks(self, x: torch.Tensor, ctx: CodecContext):
         """(block, y, span index, packet index, exponent) per block: y is the block's (P, c)
         matrix of (rotated) coordinates, one row per packet, span-major; each row's true
         values are y · 2^exponent (exponent 0 unless the codec is prescaled)."""
@@ -261,7 +179,7 @@ class Codec:
         if self.implementation(x.device) == "native":
             return self._encode_native(x, ctx, body)
         parts = []
-        for b, y, span_idx, pkt_idx, exp in self._blocks(x, ctx):
+        for b, y, span_idx, pkt_idx, exp in self.blocks(x, ctx):
             blk, scale = self.encode_block(y)
             parts.append((span_idx, pkt_idx, b.coords, torch.ldexp(scale, exp), blk))
         packets = _concat(parts, x.device)
@@ -281,73 +199,6 @@ class Codec:
         scale = torch.empty(length.shape[0], dtype=torch.float32)
         kernels.encode_groups(self, flat, ctx, lay, body, scale)
         return Packets(span, index, coords, scale, body, length)
-
-    # -- untrimmed packets as one byte string (the reliable channel's compressed form) -------
-    def packed_size(self, numel: int, ctx: CodecContext) -> int:
-        """Bytes of `pack` for a tensor of `numel` coordinates: every scale, then every body."""
-        lay = self.layout(numel, ctx)
-        return sum(b.group.count * b.per_span * (4 + self.body_bytes(b.coords)) for b in lay.blocks)
-
-    def pack(self, packets: Packets) -> bytes:
-        """The untrimmed `packets` of one encode, as bytes: scales, then bodies in order."""
-        body = packets.body.cpu()
-        parts = [packets.scale.cpu().to(torch.float32).contiguous().numpy().tobytes()]
-        width = packets.length.cpu()
-        start = 0
-        while start < len(packets):  # runs of equal length: one slice each
-            n = int((width[start:] == width[start]).int().cumprod(0).sum())
-            parts.append(body[start:start + n, :int(width[start])].contiguous().numpy().tobytes())
-            start += n
-        return b"".join(parts)
-
-    def unpack(self, data: bytes, ctx: CodecContext, numel: int) -> Packets:
-        """Inverse of `pack` for a tensor of `numel` coordinates (CPU tensors)."""
-        lay = self.layout(numel, ctx)
-        span, index, coords, length = lay.skeleton(self.body_bytes)
-        if len(data) != self.packed_size(numel, ctx):
-            raise CodecError(f"packed {self.name} data of {len(data)} bytes; {numel} coordinates "
-                             f"need {self.packed_size(numel, ctx)}")
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        p = len(length)
-        scale = raw[:4 * p].view(torch.float32)
-        body = torch.zeros(p, int(length.max()), dtype=torch.uint8)
-        row, at = 0, 4 * p
-        for b in lay.blocks:
-            n, w = b.group.count * b.per_span, self.body_bytes(b.coords)
-            body[row:row + n, :w] = raw[at:at + n * w].view(n, w)
-            row, at = row + n, at + n * w
-        return Packets(span, index, coords, scale, body, length)
-
-    def packet_errors(self, x: torch.Tensor, ctx: CodecContext, span: torch.Tensor,
-                      index: torch.Tensor, nbytes: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The true error of packets (span, index) of bucket `x` when `nbytes` of each body
-        arrive (< 0: the packet was lost). Measured where the codec quantizes (after the
-        rotation, which is orthonormal, so a span's error is the sum of its packets'):
-        `error` = ‖ŷ − y‖², `energy` = ‖y‖², and the `scale` the encoder wrote in the header
-        (for checking a re-encoding against the wire). NaN for a (span, index) the layout
-        does not have."""
-        n = span.shape[0]
-        out = {k: torch.full((n,), float("nan"), dtype=torch.float64) for k in ("error", "energy", "scale")}
-        span, index, nbytes = span.cpu().long(), index.cpu().long(), nbytes.cpu().long()
-        for b, y, _, _, exp in self._blocks(x, ctx):
-            g = b.group
-            rows = ((span >= g.first) & (span < g.first + g.count) & (index >= b.first_index)
-                    & (index < b.first_index + b.per_span)).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            pos = ((span[rows] - g.first) * b.per_span + index[rows] - b.first_index).to(y.device)
-            yb = y.index_select(0, pos)
-            body, scale = self.encode_block(yb)
-            unit = torch.ldexp(torch.ones_like(scale, dtype=torch.float64), exp.index_select(0, pos))
-            full = body.shape[1]
-            got = nbytes[rows].to(y.device)
-            keep = torch.arange(full, device=y.device)[None, :] < got.clamp(min=0)[:, None]
-            yhat, _ = self.decode_block(body * keep, got.clamp(min=0, max=full), scale)
-            yhat = torch.where((got >= 0)[:, None], yhat, torch.zeros_like(yhat))
-            out["error"][rows] = (((yhat - yb).double() ** 2).sum(1) * unit ** 2).cpu()
-            out["energy"][rows] = ((yb.double() ** 2).sum(1) * unit ** 2).cpu()
-            out["scale"][rows] = torch.ldexp(scale, exp.index_select(0, pos)).double().cpu()
-        return out
 
     def decode(self, packets: Packets, ctx: CodecContext, numel: int) -> Decoded:
         """Decode whatever arrived (any subset, any order, any prefix of each body).
@@ -391,7 +242,7 @@ class Codec:
             got[span, pkt] = present if every else present[rows]
             values.append(xs)
             missing.append(self._missing(lay, g, got, sizes))
-        return Decoded(_cat(values), _cat(missing), self._stats(nbytes, coords, present))
+        return Decoded(cat(values), cat(missing), self._stats(nbytes, coords, present))
 
     def _in_layout_order(self, packets: Packets, lay: Layout) -> bool:
         """Whether `packets` are the layout's, one each, in its order, none of them empty
@@ -452,7 +303,7 @@ class Codec:
         body = packets.body.contiguous()
         width = nbytes.clamp(max=body.shape[1]).contiguous()
         values, missing = [], []
-        for g, rows, rows_t, sizes in _row_order(lay):
+        for g, rows, rows_t, sizes in row_order(lay):
             slots = rows_t.reshape(-1) if whole else torch.from_numpy(np.where(came[rows], rows, -1).reshape(-1))
             out = torch.empty(g.count * g.filled, dtype=torch.float32)
             kernels.decode_group(self, ctx, g, body, slots, width, scale, None, out)
@@ -460,9 +311,9 @@ class Codec:
             missing.append(_nothing_missing(g, body.device) if whole else self._missing(lay, g, present[rows_t], sizes))
         # whole packets: the planes of each are the layout's, computed once
         stats = ({"bytes": nbytes, "present": present,
-                  "planes": _whole_planes(lay, self.body_bytes(32), self.planes).clone()} if whole
+                  "planes": whole_planes(lay, self.body_bytes(32), self.planes).clone()} if whole
                  else self._stats(nbytes, coords, present))
-        return Decoded(_cat(values), _cat(missing), stats)
+        return Decoded(cat(values), cat(missing), stats)
 
     def _decode_group_torch(self, packets, ctx, lay, g, rows, span, pkt, nbytes, exp) -> torch.Tensor:
         """The reference: the group's filled coordinates, flat."""
@@ -556,56 +407,14 @@ def span_exponents(peak: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, e.clamp(-126, 126), torch.zeros_like(e)).to(torch.int32)
 
 
-@functools.lru_cache(maxsize=64)
-def _layout(numel: int, span: int, coords: int, rotated: bool) -> Layout:
-    """Layouts are pure functions of their arguments and never changed: one per shape."""
-    return Layout(numel, span, coords, pow2_tail=rotated)
-
-
-@functools.lru_cache(maxsize=64)
-def _row_order(lay: Layout) -> list[tuple[SpanGroup, np.ndarray, torch.Tensor, torch.Tensor]]:
-    """Per group: the skeleton row of each (span, packet in span), (count, packets per
-    span), as an array and as a tensor, and each packet index's coordinates."""
-    out, first = [], 0
-    per_group: dict[SpanGroup, list] = {}
-    for b in lay.blocks:
-        n = b.group.count * b.per_span
-        rows = np.arange(first, first + n, dtype=np.int64).reshape(b.group.count, b.per_span)
-        per_group.setdefault(b.group, []).append((rows, b))
-        first += n
-    for g, parts in per_group.items():
-        rows = np.concatenate([r for r, _ in parts], axis=1)
-        sizes = torch.tensor([b.coords for _, b in parts for _ in range(b.per_span)], dtype=torch.int64)
-        out.append((g, rows, torch.from_numpy(rows), sizes))  # (the caller only reads them)
-    return out
-
-
-@functools.lru_cache(maxsize=64)
-def _skeleton(lay: Layout, per32: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Layout.skeleton for a codec whose bodies take per32 bytes a 32 coordinates (every
-    codec's), once per layout; the tensors are only read."""
-    return lay.skeleton(lambda c: per32 * c // 32)
-
-
 def _nothing_missing(g: SpanGroup, device) -> torch.Tensor:
     """A group's mask when nothing is missing (the usual case): one False seen everywhere."""
     return _falses(g.count * g.filled, str(device))
 
 
 @functools.lru_cache(maxsize=64)
-def _whole_planes(lay: Layout, per32: int, planes: int) -> torch.Tensor:
-    """Codec._stats' planes of every packet of the layout, each come whole (only read)."""
-    _, _, coords, length = _skeleton(lay, per32)
-    return torch.clamp(8 * length // coords, max=planes)
-
-
-@functools.lru_cache(maxsize=64)
 def _falses(n: int, device: str) -> torch.Tensor:
     return torch.zeros((), dtype=torch.bool, device=device).expand(n)  # (read-only: expanded)
-
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _block_body(packets: Packets, rows: torch.Tensor, nbytes: torch.Tensor,

@@ -12,7 +12,7 @@ from tests.unit.synthrun import Synth
 from trimlab import wire
 from trimlab.analysis import match
 from trimlab.analysis.rundata import RunData
-from trimlab.codec import CodecContext, get_codec
+from trimlab.codec import CodecContext, get_codec, measure
 
 TRIMS = {(0, 0, 0, 1): 60, (0, 1, 0, 3): 60, (1, 0, 0, 0): 120, (2, 1, 0, 2): 0, (3, 0, 0, 5): 61}
 DROPS = {(1, 1, 0, 4), (2, 0, 0, 0)}
@@ -60,8 +60,8 @@ def test_exact_table_and_all_observers_agree(tmp_path, codec):
     ctx = CodecContext(seed=7, step=step, bucket=0, span=4096, coords=352)
     pk = c.encode(g, ctx)
     one = ((pk.span == span) & (pk.index == packet)).nonzero()[0, 0]
-    e = c.packet_errors(g, ctx, pk.span[one:one + 1], pk.index[one:one + 1],
-                        torch.tensor([recv_len - wire.HEADER_LEN]))
+    e = measure.packet_errors(c, g, ctx, pk.span[one:one + 1], pk.index[one:one + 1],
+                              torch.tensor([recv_len - wire.HEADER_LEN]))
     assert np.isclose(nmse, float(e["error"][0] / e["energy"][0]))
     assert all(v == match.AGREE for v in statuses(chk).values()), chk
     saved = json.loads((run.path / "checks.json").read_text())
@@ -78,7 +78,7 @@ def test_packet_errors_sum_to_the_bucket_error_without_padding():
     nbytes = pk.length.clone()
     nbytes[::3] = 64
     dec = c.decode(pk.truncated(nbytes), ctx, x.numel())
-    e = c.packet_errors(x, ctx, pk.span, pk.index, nbytes)
+    e = measure.packet_errors(c, x, ctx, pk.span, pk.index, nbytes)
     assert np.isclose(float(e["error"].sum()), float(((dec.tensor - x) ** 2).sum()), rtol=1e-4)
     assert torch.equal(e["scale"].float(), pk.scale)
 
