@@ -184,16 +184,16 @@ def trim_locations(run: RunData, rows: pd.DataFrame) -> pd.Series:
     if counters is None or not len(rows):
         return out
     trimming = {p for p, c in counters["ports"].items() if c.get("TRIM_TX_PKTS", 0) > 0}
-    prof = run.profile or {}
+    prof = run.profile
     # an asymmetric profile (from-tc) remarks by the facing of the port: the DSCP that
     # arrived rules out the ports of the other facing
-    facing_dscp = prof.get("port_dscp") or {} if prof.get("dscp") == "from-tc" else {}
+    by_facing = prof is not None and prof.dscp == "from-tc"
     host_ports = set(run.topology.host_port.values())
     trimmed = rows[rows["trimmed"]]
     for (snd, rcv, dscp), idx in trimmed.groupby(["sender", "receiver", "dscp_recv"], dropna=False).groups.items():
         where = [p for p in run.topology.egress_ports(snd, rcv) if p in trimming]
-        if facing_dscp and dscp == dscp:  # not NaN
-            where = [p for p in where if facing_dscp.get("host" if p in host_ports else "network") == dscp]
+        if by_facing and dscp == dscp:  # not NaN
+            where = [p for p in where if prof.trimmed_dscp("host" if p in host_ports else "network") == dscp]
         out.loc[idx] = where[0] if len(where) == 1 else AMBIGUOUS if where else None
     return out
 
@@ -227,15 +227,13 @@ def _capture_checks(run: RunData, side: dict) -> tuple[list[dict], dict[str, int
 
 def _trims_on_port(run: RunData, host: str, cap: pd.DataFrame | None) -> int | None:
     """Background (non-trimlab) packets this host's capture saw remarked by a trim."""
-    prof = run.profile or {}
-    flows = run.spec.get("congestion", {}).get("background", [])
+    flows = run.experiment.congestion.background
     if cap is None:
         return None
-    if not flows:
+    if not flows or run.profile is None:
         return 0
-    # the DSCPs trimmed packets carry: the profile's, or with from-tc one per port facing
-    trim_dscps = set((prof.get("port_dscp") or {}).values()) if prof.get("dscp") == "from-tc" else {prof.get("dscp")}
-    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.get("dscp") not in trim_dscps}
+    trim_dscps = run.profile.trimmed_dscps()
+    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.dscp not in trim_dscps}
     sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & cap["dscp"].isin(trim_dscps)
     return int(sel.sum())
 
@@ -244,12 +242,11 @@ def _gradient_drops(run: RunData, ports: list[str]) -> int:
     """Drops on `ports` in the queues a gradient packet can be dropped from: its DSCP's
     class and the trim queue (every queue where the trim queue is dynamic). Drops on the
     control class are the reliable channel's, which it sends again: no gradient is lost."""
-    prof, queues = run.profile or {}, run.counters.get("queues", {})
-    dscp = int(run.spec.get("transport", {}).get("dscp", 10))
-    table = prof.get("dscp_to_tc")
-    tc = int(table.get(dscp, table.get(str(dscp), 0))) if table is not None else dscp >> 3
-    trim_queue = prof.get("queue", 7)
-    which = None if trim_queue == "dynamic" else {tc, int(trim_queue)}
+    prof, queues = run.profile, run.counters.get("queues", {})
+    dscp = run.experiment.transport.dscp
+    tc = prof.tc_of(dscp) if prof else dscp >> 3
+    trim_queue = prof.queue if prof else 7
+    which = None if trim_queue == "dynamic" else {tc, trim_queue}
     return sum(r["DROP_PKTS"] + r["TRIM_DRP_PKTS"] for p in ports for q, r in enumerate(queues.get(p, []))
                if which is None or q in which)
 
@@ -346,7 +343,7 @@ def checks(run: RunData, rows: pd.DataFrame, side: dict) -> list[dict]:
             out.append(_check(f"capture = ps log ({host})", f"capture {host} · {host} log", len(both) + only_cap + only_log,
                               len(both), status, detail))
         out += _repair_checks(run, host, cap_trims, log_trims, lost.get(host, 0))
-        if pc is not None and not run.spec.get("congestion", {}).get("background"):
+        if pc is not None and not run.experiment.congestion.background:
             want = _gradient_drops(run, [port])
             got = int(mine["dropped"].sum())
             out.append(_check(f"switch drops = never received ({host})", f"switch {port} · capture and log {host}",
@@ -384,7 +381,7 @@ def _fabric_checks(run: RunData, rows: pd.DataFrame, side: dict, lost: dict[str,
         out.append(_check("switch trims = receivers' logs (every hop)", "every switch port · receivers' logs", want, got,
                           AGREE if want == got else DISAGREE,
                           "gradient packets trimmed anywhere in the fabric vs trimmed rows the receivers logged"))
-    if not run.spec.get("congestion", {}).get("background"):
+    if not run.experiment.congestion.background:
         want, got = _gradient_drops(run, list(counters["ports"])), int(mine["dropped"].sum())
         out.append(_check("switch drops = never received (every hop)", "every switch port · captures and logs",
                           want, got, AGREE if want == got else DISAGREE,
@@ -427,12 +424,11 @@ def gloo_checks(run: RunData) -> list[dict]:
     if counters is None:
         return out + [_check("gloo sent = received + dropped", "captures", sent, recv, AGREE if sent == recv else NA,
                              "no switch counters: packets sent and received only")]
-    queue = (run.profile or {}).get("dscp_to_tc", {}) or {}
-    tc = int(queue.get(0, queue.get("0", 0)))
+    tc = run.profile.tc_of(0) if run.profile else 0  # gloo's TCP: DSCP 0
     ports = [run.hosts.get(n, {}).get("port") for n in captures]
     drops = sum(counters["queues"][p][tc]["DROP_PKTS"] + counters["queues"][p][tc]["TRIM_DRP_PKTS"]
                 for p in ports if p in counters.get("queues", {}))
-    background = bool(run.spec.get("congestion", {}).get("background"))
+    background = bool(run.experiment.congestion.background)
     tolerance = sum(lost.values())
     if background:  # the queue also dropped background packets, which no capture saw leave
         ok = 0 <= sent - recv <= drops
@@ -457,11 +453,11 @@ def load_checks(run: RunData) -> list[dict]:
     """Each background flow's offered load (its sender's bytes over the time it was on)
     against the rate the spec asked for: a flow that fell short disagrees, saying by how much."""
     out = []
-    for i, flow in enumerate(run.spec.get("congestion", {}).get("background", []) or []):
+    for i, flow in enumerate(run.experiment.congestion.background):
         got = run.background_load.get(i)
         name = f"offered load = requested (flow {i})"
         if got is None:
-            out.append(_check(name, f"traffic{i} log", flow.get("rate"), "none", DISAGREE,
+            out.append(_check(name, f"traffic{i} log", flow.rate, "none", DISAGREE,
                               f"flow {i} left no summary: its sender did not finish (see logs/*-traffic{i}.log)"))
             continue
         asked, offered = float(got["rate_bps"]), float(got["offered_bps"])
@@ -478,8 +474,8 @@ def _mbit(bps: float) -> float:
 
 
 def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
-    wl = run.spec.get("workload", {})
-    if wl.get("kind") == "ddp" and wl.get("comm") == "gloo":
+    wl = run.experiment.workload
+    if wl.kind == "ddp" and wl.comm == "gloo":
         return pd.DataFrame(columns=COLUMNS), gloo_checks(run) + load_checks(run)
     rows, side = packet_table(run)
     return rows, checks(run, rows, side) + load_checks(run)

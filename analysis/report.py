@@ -21,6 +21,7 @@ from trimlab import rundir
 from trimlab.analysis import figures, match
 from trimlab.analysis.rundata import RunData, RunDataError
 from trimlab.errors import TrimlabError
+from trimlab.spec import CongestionSpec
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
@@ -82,20 +83,18 @@ def theory_curve(codec, coords: int) -> pd.DataFrame:
 
 def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     """The run's outcome in one flat dict (also a row of a comparison)."""
-    m, spec = run.manifest, run.spec
+    m, spec = run.manifest, run.experiment
     res = m.get("results", {})
-    c = spec.get("congestion", {})
-    wl = spec.get("workload", {})
-    comm = wl.get("comm", "trimlab") if wl.get("kind") == "ddp" else "trimlab"
-    flows = c.get("background", [])
+    c, wl = spec.congestion, spec.workload
+    comm = wl.comm if wl.kind == "ddp" else "trimlab"
     out = {"run": m.get("name", run.path.name), "point": rundir.point_of(m.get("name", run.path.name)),
-           "seed": spec.get("seed"), "status": m.get("status"), "reason": m.get("reason"),
-           "comm": comm, "contender": contender(comm, spec.get("codec", {}).get("name"), c,
-                                                (run.profile or {}).get("discard_action", "trim")),
-           "load": " + ".join(f["rate"] for f in flows) if flows else "none",
-           "codec": spec.get("codec", {}).get("name"), "topology": spec.get("topology"),
-           "inject_p": c.get("inject_probability", 0.0), "action": c.get("inject_action", "trim"),
-           "background_flows": len(c.get("background", [])), "steps": spec.get("workload", {}).get("steps"),
+           "seed": spec.seed, "status": m.get("status"), "reason": m.get("reason"),
+           "comm": comm, "contender": contender(comm, spec.codec.name, c,
+                                                run.profile.discard_action if run.profile else "trim"),
+           "load": " + ".join(f.rate for f in c.background) if c.background else "none",
+           "codec": spec.codec.name, "topology": spec.topology,
+           "inject_p": c.inject_probability, "action": c.inject_action,
+           "background_flows": len(c.background), "steps": wl.steps,
            "final_acc": res.get("test_acc"), "wall_s": res.get("wall_s"),
            "parameters_identical": res.get("parameters_identical")}
     sw = res.get("switch", {})
@@ -126,7 +125,7 @@ def congestion(run: RunData) -> dict:
     """The congestion the run produced, from the switch's samples: the fullest queue's peak
     occupancy against its budget, and how long it was full (within one MTU of its budget)."""
     occ = run.occupancy
-    budget = ((run.profile or {}).get("buffer") or {}).get("queue_bytes")
+    budget = run.profile.buffer.queue_bytes if run.profile else None
     if not len(occ):
         return {"peak_occupancy": None, "buffer_bytes": budget, "full_s": None}
     out = {"peak_occupancy": int(occ["PEAK_OCCUPANCY"].max()), "buffer_bytes": budget, "full_s": None}
@@ -138,12 +137,12 @@ def congestion(run: RunData) -> dict:
     return out
 
 
-def contender(comm: str, codec: str | None, congestion: dict, discard_action: str = "trim") -> str:
+def contender(comm: str, codec: str | None, congestion: CongestionSpec, discard_action: str = "trim") -> str:
     """What competes in a comparison: gloo, or trimlab with what the switch does to its
     packets (the injected action where injection is on, else the profile's) and its codec."""
     if comm == "gloo":
         return "gloo (TCP, drop)"
-    action = congestion.get("inject_action", "trim") if congestion.get("inject_probability") else discard_action
+    action = congestion.inject_action if congestion.inject_probability else discard_action
     return f"trimlab {action} {codec}"
 
 
@@ -311,7 +310,7 @@ def results(paths: list[str | Path], target_fraction: float = 0.95,
     df = pd.DataFrame(rows)
     source = "given"
     if target is None:
-        target = next((r.spec.get("target_accuracy") for r in runs if r.spec.get("target_accuracy") is not None), None)
+        target = next((r.experiment.target_accuracy for r in runs if r.experiment.target_accuracy is not None), None)
         source = "the spec's target_accuracy"
     if target is None:
         best = df["final_acc"].max() if "final_acc" in df and df["final_acc"].notna().any() else None

@@ -20,6 +20,7 @@ from trimlab.analysis.topology import Topology, qualified
 from trimlab.codec import get_codec
 from trimlab.config import GRADIENT_PORT, AgentConfig
 from trimlab.errors import TrimlabError
+from trimlab.spec import ExperimentSpec, TrimProfile
 
 
 class RunDataError(TrimlabError):
@@ -44,7 +45,13 @@ class RunData:
 
     @cached_property
     def spec(self) -> dict:
+        """The resolved spec as recorded (see `experiment` for the model)."""
         return self.manifest.get("spec", {})
+
+    @cached_property
+    def experiment(self) -> ExperimentSpec:
+        """The run's resolved spec, as the model it was validated by."""
+        return ExperimentSpec.model_validate(self.spec)
 
     @cached_property
     def cfg(self) -> AgentConfig | None:
@@ -234,9 +241,10 @@ class RunData:
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
     @cached_property
-    def profile(self) -> dict | None:
+    def profile(self) -> TrimProfile | None:
+        """The effective trimming profile the switches ran (None: not recorded)."""
         files = sorted((self.path / rundir.SWITCH).glob(rundir.profile_file("*")))
-        return yaml.safe_load(files[0].read_text()) if files else None
+        return TrimProfile.model_validate(yaml.safe_load(files[0].read_text())) if files else None
 
     # -- ground truth and background flows ------------------------------------------------------
     def truth(self, step: int, rank: int) -> np.ndarray | None:

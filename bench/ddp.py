@@ -32,7 +32,7 @@ from trimlab.config import (
     TransportConfig,
     WorkloadConfig,
 )
-from trimlab.testbed.spec import load_profile
+from trimlab.spec import load_profile
 from trimlab.testbed.targets import Port, get_target
 from trimlab.testbed.vrack import rack
 

@@ -19,8 +19,9 @@ from trimlab.testbed import provision as prov
 from trimlab import resources, rundir
 from trimlab.testbed.doctor import run_checks
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.testbed.spec import TrimPlan, load_profile, validated
-from trimlab.testbed.targets import Port, get_target, platforms
+from trimlab.spec import TrimPlan, load_profile, validated
+from trimlab import platforms
+from trimlab.testbed.targets import Port, get_target
 from trimlab.testbed.vrack import rack, vswitch
 
 app = typer.Typer(help="trimlab: ML training over packet-trimming switches.",

@@ -120,7 +120,7 @@ def _receive_repair() -> Check:
     """Every host of every rack up has the receive repair where its switch's platform
     leaves trimmed packets' lengths stale (else its kernel drops every trim)."""
     from trimlab.agents import repair
-    from trimlab.testbed.targets import platforms
+    from trimlab import platforms
     from trimlab.testbed.vrack import rack
 
     missing = []

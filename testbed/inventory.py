@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trimlab.errors import SpecError
-from trimlab.testbed.spec import read_yaml
+from trimlab.spec import read_yaml
 from trimlab.testbed.targets import TARGETS
 
 ROLES = ("worker", "ps", "traffic")

@@ -20,7 +20,7 @@ from rich.table import Table
 from trimlab.testbed import inventory as inv
 from trimlab import resources
 from trimlab.errors import TrimlabError
-from trimlab.testbed.spec import load_profile
+from trimlab.spec import load_profile
 from trimlab.testbed.targets import Port, get_target
 from trimlab.testbed.vrack import rack
 

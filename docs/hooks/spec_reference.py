@@ -21,7 +21,7 @@ def _models(annotation) -> list[type[BaseModel]]:
 
 def _type(annotation) -> str:
     text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    text = re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", text or str(annotation))  # trimlab.testbed.spec.X -> X
+    text = re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", text or str(annotation))  # trimlab.spec.X -> X
     return text.replace("|", "\\|")
 
 
@@ -42,7 +42,7 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def table(model_name: str) -> str:
-    from trimlab.testbed import spec
+    from trimlab import spec
     model = getattr(spec, model_name)
     out = "\n".join(["| key | type | default | what it is |", "| --- | --- | --- | --- |", *_rows(model)])
     if model_name == "ExperimentSpec":

@@ -19,7 +19,7 @@ from trimlab.config import REMOTE_ROOT
 from trimlab.testbed.orchestrator.placement import Placement, RunFailed, agent_config
 from trimlab.testbed.orchestrator.progress import TrainingView
 from trimlab.rundir import RunDir
-from trimlab.testbed.spec import ExperimentSpec
+from trimlab.spec import ExperimentSpec
 
 
 class Execution:

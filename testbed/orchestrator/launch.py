@@ -6,7 +6,7 @@ from __future__ import annotations
 from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
 from trimlab.testbed.orchestrator.placement import Placement, ddp_script
 from trimlab.testbed.inventory import SwitchEntry
-from trimlab.testbed.spec import BackgroundFlow, ExperimentSpec
+from trimlab.spec import BackgroundFlow, ExperimentSpec
 
 
 def _agent(p: Placement, host: str, module: str, *args: str) -> list[str]:

@@ -23,8 +23,9 @@ from trimlab.config import (
 )
 from trimlab.errors import SpecError, TrimlabError
 from trimlab.testbed.provision import render_profiles
-from trimlab.testbed.spec import ExperimentSpec, load_profile
-from trimlab.testbed.targets import get_target, platforms
+from trimlab.spec import ExperimentSpec, load_profile
+from trimlab import platforms
+from trimlab.testbed.targets import get_target
 
 
 

@@ -27,7 +27,7 @@ from trimlab.testbed.orchestrator.placement import (
     place,
 )
 from trimlab.rundir import RunDir, interrupted_reason
-from trimlab.testbed.spec import ExperimentSpec, load_experiment
+from trimlab.spec import ExperimentSpec, load_experiment
 from trimlab.testbed.vrack import rack as vrack
 
 

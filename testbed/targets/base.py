@@ -12,7 +12,7 @@ import yaml
 
 from trimlab import resources
 from trimlab.errors import SpecError
-from trimlab.testbed.targets import platforms
+from trimlab import platforms
 
 TEMPLATES = resources.templates()
 

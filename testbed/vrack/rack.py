@@ -31,7 +31,7 @@ from trimlab import rundir
 from trimlab.agents import repair
 from trimlab.config import REMOTE_ROOT, parse_rate
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.testbed.targets import platforms
+from trimlab import platforms
 from trimlab.testbed.vrack import vswitch
 
 BPF_ROOT = Path("/sys/fs/bpf")

@@ -23,7 +23,7 @@ from trimlab.agents import repair
 from trimlab.codec import get_codec
 from trimlab.config import GRADIENT_PORT
 from trimlab.errors import SpecError
-from trimlab.testbed.targets import platforms
+from trimlab import platforms
 
 TOS = (10 << 2) | 1  # DSCP 10 (queue 1, trimmable), ECT(1)
 
@@ -85,7 +85,7 @@ def test_trimmed_gradients_reach_the_socket_with_the_repair_and_are_lost_without
 
 
 def test_th5_refuses_a_128_byte_profile_and_trims_to_206(rack2):
-    from trimlab.testbed.spec import TrimProfile
+    from trimlab.spec import TrimProfile
     from trimlab.testbed.targets import get_target
 
     emulate(rack2, "sonic-th5")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trimlab.testbed import spec
+from trimlab import spec
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit

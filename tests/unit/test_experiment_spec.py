@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from trimlab.errors import SpecError
-from trimlab.testbed.spec import ExperimentSpec, load_experiment, validated
+from trimlab.spec import ExperimentSpec, load_experiment, validated
 
 ROOT = Path(__file__).resolve().parents[2]
 

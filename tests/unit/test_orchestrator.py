@@ -10,7 +10,7 @@ from trimlab.errors import SpecError
 from trimlab.testbed import inventory
 from trimlab.testbed.orchestrator import launch
 from trimlab.testbed.orchestrator.placement import place
-from trimlab.testbed.spec import ExperimentSpec, validated
+from trimlab.spec import ExperimentSpec, validated
 
 pytestmark = pytest.mark.unit
 

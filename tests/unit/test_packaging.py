@@ -113,7 +113,7 @@ def test_an_installed_wheel_works_outside_the_source_tree(wheel, tmp_path):
     assert run(cli, "run", "--help").returncode == 0
     modules = run(python, "-c", "import trimlab.testbed.orchestrator, trimlab.bench.ddp, trimlab.analysis.report")
     assert modules.returncode == 0, modules.stderr
-    spec = run(python, "-c", "from trimlab.testbed.spec import load_experiment; s = load_experiment('experiments/default.yaml');"
+    spec = run(python, "-c", "from trimlab.spec import load_experiment; s = load_experiment('experiments/default.yaml');"
                              "print(s.name, len(s.points()))")
     assert spec.returncode == 0 and spec.stdout.split()[0] == "default", spec.stderr
     walk = run(python, "-c", "from trimlab.analysis import pcap; print(pcap._walker() is not None)")

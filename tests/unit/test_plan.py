@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from trimlab.errors import SpecError
-from trimlab.testbed.spec import TrimPlan, validated
+from trimlab.spec import TrimPlan, validated
 
 
 def plan(**kw):

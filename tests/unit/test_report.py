@@ -12,6 +12,7 @@ import pytest
 from tests.unit.synthrun import Synth
 from trimlab.analysis import figures, report
 from trimlab.analysis.rundata import RunData, RunDataError
+from trimlab.spec import CongestionSpec
 
 FIGURES = ["fig-congestion", "fig-error-bits", "fig-error-step", "fig-training", "fig-phases"]
 
@@ -120,12 +121,12 @@ def test_seeds_aggregate_with_intervals_and_never(tmp_path):
 
 
 def test_contenders_are_named_by_what_the_switch_does():
-    assert report.contender("gloo", "embedded", {}) == "gloo (TCP, drop)"
-    assert report.contender("trimlab", "embedded", {}) == "trimlab trim embedded"
-    assert report.contender("trimlab", "embedded", {}, "drop") == "trimlab drop embedded"  # profile drop
-    inj = {"inject_probability": 0.1, "inject_action": "drop"}
+    assert report.contender("gloo", "embedded", CongestionSpec()) == "gloo (TCP, drop)"
+    assert report.contender("trimlab", "embedded", CongestionSpec()) == "trimlab trim embedded"
+    assert report.contender("trimlab", "embedded", CongestionSpec(), "drop") == "trimlab drop embedded"  # profile drop
+    inj = CongestionSpec(inject_probability=0.1, inject_action="drop")
     assert report.contender("trimlab", "sign_tail", inj) == "trimlab drop sign_tail"
-    assert report.contender("trimlab", "sign_tail", {"inject_probability": 0.0, "inject_action": "drop"}) == \
+    assert report.contender("trimlab", "sign_tail", CongestionSpec(inject_probability=0.0, inject_action="drop")) == \
         "trimlab trim sign_tail"
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from trimlab.rundir import RunDir
-from trimlab.testbed.spec import ExperimentSpec, validated
+from trimlab.spec import ExperimentSpec, validated
 
 
 def spec(**kw):
@@ -58,7 +58,7 @@ def test_a_stop_signal_ends_a_run_as_interrupted_in_its_phase(tmp_path, sig):
     code = f"""
 import os, signal, time
 from trimlab.rundir import RunDir, stop_signals_as_interrupt
-from trimlab.testbed.spec import ExperimentSpec, validated
+from trimlab.spec import ExperimentSpec, validated
 stop_signals_as_interrupt()
 try:
     with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})) as r:
@@ -85,7 +85,7 @@ def test_a_clean_up_that_overruns_its_grace_is_cut_short_by_the_last_resorts(tmp
 import os, signal, threading
 from trimlab import rundir
 from trimlab.rundir import RunDir, stop_signals_as_interrupt
-from trimlab.testbed.spec import ExperimentSpec, validated
+from trimlab.spec import ExperimentSpec, validated
 stop_signals_as_interrupt()
 rundir.on_overdue_stop("rack x", lambda: open({str(tmp_path / "rack-down")!r}, "w").close())
 with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(ExperimentSpec, {{'name': 'x'}})) as r:

@@ -9,7 +9,7 @@ import pytest
 
 from trimlab import resources
 from trimlab.errors import SpecError
-from trimlab.testbed.spec import TrimProfile, load_profile
+from trimlab.spec import TrimProfile, load_profile
 from trimlab.testbed.targets import TARGETS, Port, get_target
 
 GOLDEN = Path(__file__).with_name("golden")

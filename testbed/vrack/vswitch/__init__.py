@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trimlab import native, resources
 from trimlab.errors import SpecError, TrimlabError
-from trimlab.testbed.targets import platforms
+from trimlab import platforms
 from trimlab.testbed.targets.vswitch import MIN_TRIM_SIZE
 from trimlab.testbed.vrack.bpfmap import PinnedMap
 

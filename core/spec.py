@@ -1,8 +1,7 @@
-"""Specs and their validation (pydantic). Every error names the field and what to do.
-
-For now: the trim plan — what survives a trim of size S for a given MTU, B and codec.
-The experiment spec and the switch profiles join this module with the issues that use them.
-"""
+"""Specs and their validation (pydantic): the trim plan, the trimming profile and the
+experiment spec, with the loaders of their YAML files. Every error names the field and
+what to do. The orchestrator runs them; the analysis reads a run's recorded spec and
+profile back through them."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trimlab import resources, wire
 from trimlab.config import GRADIENT_PORT, WorkloadConfig
 from trimlab.errors import CodecError, SpecError
-from trimlab.testbed.targets import platforms
+from trimlab import platforms
 
 CodecName = Literal["embedded", "sign_tail", "fp32", "bf16"]
 
@@ -200,6 +199,14 @@ class TrimProfile(BaseModel):
     def tc_of(self, dscp: int) -> int:
         """Traffic class of a DSCP: the profile's map (unmapped: 0), else DSCP >> 3."""
         return self.dscp_to_tc.get(dscp, 0) if self.dscp_to_tc is not None else dscp >> 3
+
+    def trimmed_dscp(self, facing: Literal["host", "network"]) -> int:
+        """The DSCP a packet trimmed at a port of this facing carries."""
+        return self.port_dscp[facing] if self.dscp == "from-tc" else self.dscp
+
+    def trimmed_dscps(self) -> set[int]:
+        """Every DSCP a trimmed packet can carry (from-tc: one per port facing)."""
+        return set(self.port_dscp.values()) if self.dscp == "from-tc" else {self.dscp}
 
 
 def load_profile(name_or_path: str) -> TrimProfile:
