@@ -373,7 +373,7 @@ def _fabric_checks(run: RunData, rows: pd.DataFrame, side: dict, lost: dict[str,
         want = total["TRIM_TX_PKTS"]
         out.append(_check("switch trims = captures (every hop)", "every switch port · receivers' captures", want, got,
                           AGREE if want == got else EXPLAINED if 0 < want - got <= tolerance else DISAGREE,
-                          f"TRIM_TX_PKTS summed over {len(counters['ports'])} ports of {len(run.manifest['switches'])} "
+                          f"TRIM_TX_PKTS summed over {len(counters['ports'])} ports of {len(run.manifest.switches)} "
                           f"switches; the receivers captured {got - bg} trimmed gradient packets"
                           + (f" and {bg} trimmed background packets" if bg else "")))
     if len(run.packet_log):

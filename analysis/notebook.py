@@ -50,7 +50,7 @@ class Run:
 
     @property
     def manifest(self) -> dict:
-        return self.data.manifest
+        return self.data.manifest.model_dump(mode="json")
 
     @property
     def spec(self) -> dict:
@@ -149,14 +149,13 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     rows = []
     for m_path in root.rglob(rundir.MANIFEST):
         try:
-            m = json.loads(m_path.read_text())
-        except (OSError, json.JSONDecodeError):
+            m = rundir.Manifest.read(m_path.parent)
+        except (OSError, ValueError):
             continue  # a manifest being written, or not ours
-        res = m.get("results") or {}
+        res = m.results
         sw = res.get("switch") or {}
         sweep = m_path.parent.parent
-        rows.append({"name": m.get("name", m_path.parent.name), "started": m.get("started"),
-                     "status": rundir.shown_status(m), "accuracy": res.get("test_acc"),
+        rows.append({"name": m.name, "started": m.started, "status": m.shown_status(), "accuracy": res.get("test_acc"),
                      "trims": sw.get("TRIM_PKTS"), "drops": sw.get("DROP_PKTS"), "wall_s": res.get("wall_s"),
                      "sweep": sweep.name if (sweep / rundir.SWEEP_POINTS).exists() else None,
                      "path": str(m_path.parent)})

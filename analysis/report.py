@@ -84,11 +84,11 @@ def theory_curve(codec, coords: int) -> pd.DataFrame:
 def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     """The run's outcome in one flat dict (also a row of a comparison)."""
     m, spec = run.manifest, run.experiment
-    res = m.get("results", {})
+    res = m.results
     c, wl = spec.congestion, spec.workload
     comm = wl.comm if wl.kind == "ddp" else "trimlab"
-    out = {"run": m.get("name", run.path.name), "point": rundir.point_of(m.get("name", run.path.name)),
-           "seed": spec.seed, "status": m.get("status"), "reason": m.get("reason"),
+    out = {"run": m.name, "point": rundir.point_of(m.name),
+           "seed": spec.seed, "status": m.status, "reason": m.reason,
            "comm": comm, "contender": contender(comm, spec.codec.name, c,
                                                 run.profile.discard_action if run.profile else "trim"),
            "load": " + ".join(f.rate for f in c.background) if c.background else "none",

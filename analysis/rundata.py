@@ -40,13 +40,13 @@ class RunData:
 
     # -- what the run was --------------------------------------------------------------------
     @cached_property
-    def manifest(self) -> dict:
-        return json.loads((self.path / rundir.MANIFEST).read_text())
+    def manifest(self) -> rundir.Manifest:
+        return rundir.Manifest.read(self.path)
 
     @cached_property
     def spec(self) -> dict:
         """The resolved spec as recorded (see `experiment` for the model)."""
-        return self.manifest.get("spec", {})
+        return self.manifest.spec
 
     @cached_property
     def experiment(self) -> ExperimentSpec:
@@ -80,7 +80,7 @@ class RunData:
         ports = self.topology.host_port
         return {name: {"role": f.get("role"), "addr": f.get("data_ipv6" if ipv6 else "data_ipv4"),
                        "port": ports.get(name, f.get("switch_port"))}
-                for name, f in self.manifest.get("hosts", {}).items()}
+                for name, f in self.manifest.hosts.items()}
 
     @cached_property
     def receivers(self) -> list[str]:
@@ -225,7 +225,7 @@ class RunData:
     def platforms(self) -> dict[str, dict]:
         """Switch label -> its platform as the run recorded it: {name, stale (header fields
         a trim leaves stale), needs_repair}."""
-        return self.manifest.get("platforms", {})
+        return self.manifest.platforms
 
     @cached_property
     def occupancy(self) -> pd.DataFrame:

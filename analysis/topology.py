@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from trimlab import rundir
+
 
 def qualified(switch: str | None, port: str | None) -> str | None:
     return f"{switch}:{port}" if switch and port else port
@@ -23,15 +25,15 @@ class Topology:
     links: list[tuple[str, str]] = field(default_factory=list)  # (qualified port, qualified port)
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "Topology":
-        several = len(manifest.get("switches") or []) > 1
+    def from_manifest(cls, manifest: rundir.Manifest) -> "Topology":
+        several = len(manifest.switches) > 1
         ports, switches = {}, {}
-        for name, f in manifest.get("hosts", {}).items():
+        for name, f in manifest.hosts.items():
             if f.get("role") in (None, "switch") or not f.get("switch_port"):
                 continue
             sw = f.get("switch") if several else None
             ports[name], switches[name] = qualified(sw, f["switch_port"]), sw
-        return cls(ports, switches, [tuple(link) for link in manifest.get("links", [])])
+        return cls(ports, switches, [tuple(link) for link in manifest.links])
 
     @property
     def fabric(self) -> bool:

@@ -201,10 +201,57 @@ class DiskFull(TrimlabError):
     exit_code = 1
 
 
+Status = Literal["running", "succeeded", "failed", "interrupted"]
+
+
+class Manifest(BaseModel):
+    """manifest.json: what a run (or a sweep) was, how it went and what it measured. Fields
+    are added as the run goes (`RunDir.record`); those here are the ones readers rely on,
+    and a run kind may record more (kept as they are)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int
+    name: str
+    status: Status
+    reason: str | None = None
+    started: str
+    finished: str | None = None
+    phase: str | None = None  # the phase the run is in (or was in when it ended)
+    ended_in: str | None = None  # the phase a failure or a signal ended
+    spec: dict = {}  # the resolved spec (trimlab.spec.ExperimentSpec, as JSON)
+    seeds: dict = {}
+    versions: dict[str, str] = {}
+    git_revision: str | None = None
+    command: list[str] = []
+    pid: int | None = None
+    owner: dict | None = None  # {pid, start, boot_id}: who holds the run while it runs
+    inventory: str | None = None
+    rack_id: str | None = None
+    hosts: dict[str, dict] = {}  # host -> facts (role, addresses, port...)
+    switches: list[str] = []  # the switches' labels
+    links: list[tuple[str, str]] = []  # switch-to-switch links, label:port pairs
+    platforms: dict[str, dict] = {}  # switch label -> {name, stale, needs_repair}
+    results: dict = {}  # the outcome: accuracy, checksums, switch counters, background load
+    points: list[str] = []  # a sweep: its points' run directories
+    never_started: list[str] = []  # a sweep stopped early: the points it never began
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "Manifest":
+        return cls.model_validate_json((run_dir / MANIFEST).read_text())
+
+    def shown_status(self) -> str:
+        """The status as a reader should see it: a run still "running" whose owner is gone
+        (SIGKILL, a crash, a reboot) died."""
+        if self.status == "running" and self.owner is not None and not owner_alive(self.owner):
+            return "died"
+        return self.status
+
+
 @dataclass
 class RunDir:
     path: Path
-    manifest: dict
+    manifest: Manifest
 
     @classmethod
     def create(cls, runs: Path, spec, now: dt.datetime | None = None) -> "RunDir":
@@ -222,21 +269,10 @@ class RunDir:
                 path = runs / f"{stamp}-{spec.name}-{n}"
         for sub in SUBDIRS:
             (path / sub).mkdir()
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "name": spec.name,
-            "status": "running",
-            "reason": None,
-            "started": now.isoformat(),
-            "finished": None,
-            "spec": spec.model_dump(mode="json"),
-            "seeds": {"seed": spec.seed, "job": spec.job},
-            "versions": versions(),
-            "git_revision": _git_revision(),
-            "command": sys.argv,
-            "pid": os.getpid(),
-            "owner": owner(),
-        }
+        manifest = Manifest(schema_version=SCHEMA_VERSION, name=spec.name, status="running", started=now.isoformat(),
+                            spec=spec.model_dump(mode="json"), seeds={"seed": spec.seed, "job": spec.job},
+                            versions=versions(), git_revision=_git_revision(), command=sys.argv, pid=os.getpid(),
+                            owner=owner())
         # space set aside for the manifest's last words if the filesystem fills up
         (path / SPACE_RESERVE).write_bytes(bytes(RESERVE_BYTES))
         run = cls(path, manifest)
@@ -245,7 +281,7 @@ class RunDir:
 
     def save(self) -> None:
         tmp = self.path / f"{MANIFEST}.tmp"
-        text = json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n"
+        text = json.dumps(self.manifest.model_dump(mode="json"), indent=2, sort_keys=True, default=str) + "\n"
         try:
             tmp.write_text(text)
         except OSError as exc:
@@ -265,14 +301,17 @@ class RunDir:
 
     def record(self, **fields) -> None:
         """Add to the manifest (inventory, host facts, counters...) and write it now."""
-        self.manifest.update(fields)
+        self._set(**fields)
         self.save()
+
+    def _set(self, **fields) -> None:
+        for k, v in fields.items():
+            setattr(self.manifest, k, v)
 
     def finish(self, status: str, reason: str | None = None) -> None:
         if status not in ("succeeded", "failed", "interrupted"):
             raise ValueError(f"status {status!r}")
-        self.manifest.update(status=status, reason=reason,
-                             finished=dt.datetime.now(dt.timezone.utc).isoformat())
+        self._set(status=status, reason=reason, finished=dt.datetime.now(dt.timezone.utc).isoformat())
         self._release_reserve()
         self.save()
 
@@ -283,7 +322,7 @@ class RunDir:
     def ended_in(self, name: str) -> None:
         """The phase an exception (a failure, a signal) ended; the first one counts, not the
         clean-up phases after it."""
-        if "ended_in" not in self.manifest:
+        if self.manifest.ended_in is None:
             self.record(ended_in=name)
 
     def __enter__(self) -> "RunDir":
@@ -293,17 +332,16 @@ class RunDir:
     def _overdue(self) -> None:
         sig = received_signal()
         self.finish("interrupted", f"interrupted by {signal.Signals(sig).name} during "
-                    f"{self.manifest.get('ended_in', self.manifest.get('phase'))}; its clean-up overran "
+                    f"{self.manifest.ended_in or self.manifest.phase}; its clean-up overran "
                     f"{STOP_GRACE_S:g} s and was cut short")
 
     def __exit__(self, kind, exc, tb) -> bool:
         on_overdue_stop(f"run {self.path}", None)
         if exc is None:
-            if self.manifest["status"] == "running":  # not already finished with a reason
+            if self.manifest.status == "running":  # not already finished with a reason
                 self.finish("succeeded")
         elif isinstance(exc, KeyboardInterrupt):
-            self.finish("interrupted", interrupted_reason(exc, self.manifest.get("ended_in",
-                                                                                self.manifest.get("phase"))))
+            self.finish("interrupted", interrupted_reason(exc, self.manifest.ended_in or self.manifest.phase))
         elif isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             reason = (f"no space left on device{f' writing {exc.filename}' if exc.filename else ''}: the "
                       f"filesystem of {self.path.parent} is full (free space, or give --runs on another one)")
@@ -348,15 +386,6 @@ def owner_alive(rec: dict | None) -> bool:
         return False
     start = _start_ticks(int(rec["pid"]))
     return start is not None and (rec.get("start") is None or start == rec["start"])
-
-
-def shown_status(manifest: dict) -> str | None:
-    """A manifest's status as a reader should see it: a run still "running" whose owner
-    is gone (SIGKILL, a crash, a reboot) died."""
-    status = manifest.get("status")
-    if status == "running" and "owner" in manifest and not owner_alive(manifest["owner"]):
-        return "died"
-    return status
 
 
 # -- stop signals -------------------------------------------------------------------------------

@@ -68,9 +68,11 @@ class Synth:
                              "switch_port": h["port"], "ansible_host": f"198.18.0.{20 + i}"}
                  for i, h in enumerate([*WORKERS, PS])}
         facts = {n: {k: v[k] for k in ("role", "data_ipv4", "switch_port")} for n, v in hosts.items()}
-        (path / rundir.MANIFEST).write_text(json.dumps({
-            "schema_version": rundir.SCHEMA_VERSION, "status": "succeeded", "spec": spec, "hosts": facts,
-            "results": {"test_acc": 0.5 + 0.1 * (self.steps - 1), "wall_s": 3.0, "parameters_identical": True}}))
+        (path / rundir.MANIFEST).write_text(rundir.Manifest(
+            schema_version=rundir.SCHEMA_VERSION, name=path.name, status="succeeded", started="2026-12-04T01:02:03+00:00",
+            spec=spec, hosts=facts,
+            results={"test_acc": 0.5 + 0.1 * (self.steps - 1), "wall_s": 3.0, "parameters_identical": True},
+        ).model_dump_json())
         ports = {h["port"]: {"host": h["name"], "facing": "host", "speed_mbps": 100} for h in [*WORKERS, PS]}
         inv = {"all": {"vars": {}, "children": {
             "trim_switches": {"hosts": {"s-sw": {"trim_switch_os": "vswitch", "ports": ports,

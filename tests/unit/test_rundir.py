@@ -26,8 +26,10 @@ def test_a_run_is_running_then_succeeded(tmp_path):
         assert m["spec"]["name"] == "demo" and m["seeds"] == {"seed": 5, "job": 1}
         assert m["versions"]["torch"].startswith("2.") and "trimlab" in m["versions"]
         assert {p.name for p in run.path.iterdir()} >= {"logs", "pcaps", "switch", "truth", "manifest.json"}
-        run.record(inventory={"hosts": ["w1"]})
-        assert manifest(run)["inventory"] == {"hosts": ["w1"]}
+        run.record(inventory="/var/lib/trimlab/racks/0/inventory.yml", hosts={"w1": {"role": "worker"}})
+        assert manifest(run)["hosts"] == {"w1": {"role": "worker"}}
+        run.record(phases_s={"training": 1.5})  # a field of its own kind is kept as it is
+        assert manifest(run)["phases_s"] == {"training": 1.5}
     m = manifest(run)
     assert m["status"] == "succeeded" and m["finished"]
     assert run.path.name.endswith("-demo") and run.path.name[:8].isdigit()
@@ -115,18 +117,22 @@ def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):
 
 def test_a_running_run_whose_owner_is_gone_shows_as_died():
     from trimlab import rundir
+
+    def shown(status, owner=None):
+        return rundir.Manifest(schema_version=1, name="r", status=status, started="", owner=owner).shown_status()
+
     me = rundir.owner()
     assert rundir.owner_alive(me)
-    assert rundir.shown_status({"status": "running", "owner": me}) == "running"
+    assert shown("running", me) == "running"
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     gone = rundir.owner(child.pid)
     child.wait()  # reaped: the PID names no process
     assert not rundir.owner_alive(gone)
-    assert rundir.shown_status({"status": "running", "owner": gone}) == "died"
+    assert shown("running", gone) == "died"
     assert not rundir.owner_alive(me | {"start": me["start"] + 1})  # a reused PID is another process
     assert not rundir.owner_alive(me | {"boot_id": "another boot"})
-    assert rundir.shown_status({"status": "interrupted", "owner": gone}) == "interrupted"
-    assert rundir.shown_status({"status": "running"}) == "running"  # an old manifest: unknown owner
+    assert shown("interrupted", gone) == "interrupted"
+    assert shown("running") == "running"  # an old manifest: unknown owner
 
 
 def test_a_run_summary_says_when_no_port_was_congested():

@@ -10,6 +10,11 @@ from trimlab.analysis import figures
 from trimlab.analysis.rundata import RunData
 from trimlab.analysis.topology import Topology
 
+def manifest(**fields) -> rundir.Manifest:
+    return rundir.Manifest(schema_version=1, name="t", status="succeeded", started="2026-12-05T00:00:00+00:00",
+                           **fields)
+
+
 # 2 leaves × 2 spines; w1, ps on leaf1; w2 on leaf2
 MANIFEST = {
     "switches": ["leaf1", "leaf2", "spine1", "spine2"],
@@ -23,7 +28,7 @@ MANIFEST = {
 
 
 def test_paths_across_the_fabric_take_every_spine():
-    t = Topology.from_manifest(MANIFEST)
+    t = Topology.from_manifest(manifest(**MANIFEST))
     assert t.host_port == {"w1": "leaf1:Ethernet0", "ps": "leaf1:Ethernet4", "w2": "leaf2:Ethernet0"}
     assert t.egress_ports("w2", "ps") == ["leaf2:Ethernet240", "leaf2:Ethernet244",
                                           "spine1:Ethernet0", "spine2:Ethernet0", "leaf1:Ethernet4"]
@@ -35,11 +40,11 @@ def test_paths_across_the_fabric_take_every_spine():
 def test_one_switch_runs_keep_bare_port_names():
     m = {"switches": ["sw"], "hosts": {"w1": {"role": "worker", "switch": "sw", "switch_port": "Ethernet0"},
                                        "ps": {"role": "ps", "switch": "sw", "switch_port": "Ethernet8"}}}
-    t = Topology.from_manifest(m)
+    t = Topology.from_manifest(manifest(**m))
     assert t.host_port == {"w1": "Ethernet0", "ps": "Ethernet8"}
     assert t.egress_ports("w1", "ps") == ["Ethernet8"]
     old = {"hosts": {"w1": {"role": "worker", "switch_port": "Ethernet0"}}}  # runs before fabrics
-    assert Topology.from_manifest(old).host_port == {"w1": "Ethernet0"}
+    assert Topology.from_manifest(manifest(**old)).host_port == {"w1": "Ethernet0"}
 
 
 def _counters(port_trims: dict[str, int]) -> dict:
@@ -51,7 +56,7 @@ def _counters(port_trims: dict[str, int]) -> dict:
 
 @pytest.fixture
 def fabric_run(tmp_path):
-    (tmp_path / rundir.MANIFEST).write_text(json.dumps(MANIFEST))
+    (tmp_path / rundir.MANIFEST).write_text(manifest(**MANIFEST).model_dump_json())
     trims = {"leaf1": {"Ethernet0": 0, "Ethernet4": 5, "Ethernet240": 0, "Ethernet244": 0},
              "leaf2": {"Ethernet0": 0, "Ethernet240": 7, "Ethernet244": 0},
              "spine1": {"Ethernet0": 2, "Ethernet4": 0}, "spine2": {"Ethernet0": 0, "Ethernet4": 0}}
