@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from trimlab import wire
+from trimlab import native, wire
 from trimlab.agents.transport import hold_heap
 from trimlab.codec import CODECS, CodecContext, get_codec, kernels
 from trimlab.codec.embedded import distortion
@@ -84,16 +84,20 @@ def _timed(fn, sync=None) -> float:
 
 
 @contextmanager
-def _impl(name: str):
-    before = os.environ.get("TRIMLAB_CODEC_IMPL")
-    os.environ["TRIMLAB_CODEC_IMPL"] = name
+def _env(name: str, value: str):
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("TRIMLAB_CODEC_IMPL")
+            os.environ.pop(name)
         else:
-            os.environ["TRIMLAB_CODEC_IMPL"] = before
+            os.environ[name] = before
+
+
+def _impl(name: str):
+    return _env("TRIMLAB_CODEC_IMPL", name)
 
 
 def _medians(codec, x, ctx, reps: int) -> dict:
@@ -177,6 +181,37 @@ def without_rotation(x: torch.Tensor, reps: int, seed: int, rotated: dict, threa
     return out
 
 
+def isa_levels(asked: str) -> list[str]:
+    """`--isa`: a comma-separated list of native levels, or `all` (every level this CPU
+    runs, best first); a level this CPU cannot run is an error naming what it lacks."""
+    runs = [i.name for i in native.runnable()]
+    levels = runs if asked == "all" else [a.strip() for a in asked.split(",") if a.strip()]
+    for level in levels:
+        if level not in native.ISAS:
+            raise TrimlabError(f"--isa {level}: choose from {', '.join(native.ISAS)} or all")
+        if level not in runs:
+            lacks = " ".join(sorted(native.ISAS[level].needs - native.host_features()))
+            raise TrimlabError(f"--isa {level}: this CPU cannot run it (it lacks {lacks}; it runs {', '.join(runs)})")
+    return levels
+
+
+def by_isa(levels: list[str], x: torch.Tensor, reps: int, seed: int) -> dict:
+    """The natively coded codecs on each vector path, side by side in one run: times and
+    ratios (each path's clone measured with it), and its bytes against the reference."""
+    out = {}
+    for level in levels:
+        with _env("TRIMLAB_ISA", level):
+            rows: dict = {"built_for": kernels.isa().name}
+            for name in CODECS:
+                codec = get_codec(name)
+                ctx = _context(codec, seed)
+                if codec.implementation("cpu") == "native":
+                    rows[name] = {**_medians(codec, x, ctx, reps),
+                                  "native_bytes_equal_torch": _same_wire(codec, x[:1 << 16], ctx)}
+            out[level] = rows
+    return out
+
+
 def cuda(sizes: tuple[int, ...], reps: int, seed: int) -> dict:
     """The torch implementation on the GPU: its wire bytes against the CPU's (the native
     kernels where they code), its decoding of a trim against the CPU's, and its speed."""
@@ -205,9 +240,10 @@ def cuda(sizes: tuple[int, ...], reps: int, seed: int) -> dict:
     return out
 
 
-def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu") -> dict:
+def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu", isa: str | None = None) -> dict:
     if device not in ("cpu", "cuda"):
         raise TrimlabError(f"--device {device}: use cpu or cuda")
+    levels = isa_levels(isa) if isa else []
     if device == "cuda":  # the GPU's figures only; the NMSE table is the CPU's business
         return {"bench": "codec", "device": "cuda", "quick": quick, "span": SPAN, "torch": torch.__version__,
                 "cuda": cuda((1 << 22,) if quick else (1 << 22, 1 << 26), 10 if quick else 20, seed)}
@@ -223,6 +259,7 @@ def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu
         x = torch.randn(1 << 22, generator=torch.Generator().manual_seed(seed))
         rt = roundtrip(x, 5 if quick else 15, seed, threads)
         unrotated = without_rotation(x, 5 if quick else 15, seed, rt["sign_tail"], threads)
+        paths = by_isa(levels, x, 5 if quick else 15, seed) if levels else None
     finally:
         torch.set_num_threads(torch_threads)
     emb = [r for r in table if r["codec"] == "embedded" and "bits" in r]
@@ -235,4 +272,5 @@ def run(quick: bool = False, seed: int = 0, threads: int = 1, device: str = "cpu
     }
     return {"bench": "codec", "quick": quick, "numel_nmse": numel, "numel_roundtrip": 1 << 22,
             "span": SPAN, "threads": threads, "torch": torch.__version__, "nmse": table,
-            "roundtrip": rt, "sign_tail_without_rotation": unrotated, "targets": targets}
+            "roundtrip": rt, "sign_tail_without_rotation": unrotated, "targets": targets,
+            **({"by_isa": paths} if paths is not None else {})}

@@ -115,12 +115,14 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
 def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
                 quick: bool = typer.Option(False, help="smaller NMSE tensors and fewer repeats (< 30 s)"),
                 threads: int = typer.Option(1, min=1, help="threads of the native kernels"),
-                device: str = typer.Option("cpu", help="cuda: the GPU's wire bytes against the CPU's, and its GB/s")):
+                device: str = typer.Option("cpu", help="cuda: the GPU's wire bytes against the CPU's, and its GB/s"),
+                isa: str = typer.Option(None, help="also time these native vector paths side by side, e.g. "
+                                                   "avx2,plain, or all that this CPU runs")):
     """NMSE per codec and kept size vs theory; encode+decode time over clone() time, the
     native kernels next to the torch reference."""
     from trimlab.bench.codec import run  # heavy (torch, pandas): only for this command
 
-    result = run(quick=quick, threads=threads, device=device)
+    result = run(quick=quick, threads=threads, device=device, isa=isa)
     if as_json or device == "cuda":  # the GPU's figures are JSON only
         print(json.dumps(result, indent=1))
         return
@@ -133,6 +135,9 @@ def bench_codec(as_json: bool = typer.Option(False, "--json", help="print the JS
         console.print(f"{name} ({r['implementation']}): encode {r['encode_ms']} ms + decode {r['decode_ms']} ms = "
                       f"{r['roundtrip_over_clone']}× clone ({r['clone_ms']} ms), {r['mb_per_s']} MB/s"
                       + (f", {r['speedup_over_torch']}× the torch reference" if "speedup_over_torch" in r else ""))
+    for level, rows in result.get("by_isa", {}).items():
+        console.print(f"{level}: " + ", ".join(f"{name} {r['roundtrip_over_clone']}× clone"
+                                               for name, r in rows.items() if name != "built_for"))
     console.print(f"targets: {result['targets']}")
 
 

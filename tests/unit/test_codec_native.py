@@ -257,3 +257,23 @@ def test_decode_in_order_is_decode_of_what_came(monkeypatch, impl, name, params)
             assert torch.equal(dec.missing, ref.missing), label
             for k, v in ref.stats.items():
                 assert torch.equal(dec.stats[k][came], v) and not dec.stats[k][got < 0].any(), (label, k)
+
+
+@pytest.mark.unit
+def test_bench_codec_times_every_vector_path_the_cpu_runs_side_by_side(monkeypatch):
+    """`trimlab bench codec --isa`: each level's kernels are the ones built for it, their
+    bytes equal the reference's; a level the CPU lacks is refused naming what it lacks."""
+    from trimlab.bench import codec as bench
+    from trimlab.errors import TrimlabError
+    levels = bench.isa_levels("all")
+    assert levels == [i.name for i in build.runnable()] and levels[-1] == "plain"
+    x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(3))
+    out = bench.by_isa(levels, x, reps=1, seed=3)
+    for level in levels:
+        assert out[level]["built_for"] == level
+        assert {n for n in out[level] if n != "built_for"} == {"embedded", "sign_tail", "fp32", "bf16"}
+        assert all(r["native_bytes_equal_torch"] and r["roundtrip_over_clone"] > 0
+                   for n, r in out[level].items() if n != "built_for")
+    monkeypatch.setenv("TRIMLAB_CPU_FEATURES_OFF", "avx2")  # a CPU without AVX2
+    with pytest.raises(TrimlabError, match="--isa avx2: this CPU cannot run it \\(it lacks avx2"):
+        bench.isa_levels("avx2")
