@@ -208,6 +208,39 @@ def accuracy_vs_trim_rate(results: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def tolerance_curves(agg: pd.DataFrame) -> go.Figure:
+    """Wall time to the target against the injected probability p (log scale; p = 0 drawn
+    at the left edge), one line per contender, mean and 95 % interval over seeds; a point
+    where no seed reached the target is drawn at the top as "never"."""
+    title = "Wall time to target accuracy against injected trims or drops"
+    if agg is None or agg.empty or "inject_p" not in agg:
+        return _empty(title, "no results")
+    ps = sorted(v for v in agg["inject_p"].fillna(0) if v > 0)
+    floor = (ps[0] / 3) if ps else 1e-4  # where p = 0 sits on the log axis
+    top = max([v for v in agg["seconds_to_target_mean"].dropna()] + [1.0]) * 1.15
+    fig = go.Figure()
+    for i, (name, g) in enumerate(agg.groupby("contender", sort=False)):
+        g = g.assign(x=g["inject_p"].fillna(0).where(g["inject_p"].fillna(0) > 0, floor)).sort_values("x")
+        color = PALETTE[i % len(PALETTE)]
+        reached = g["seconds_to_target_mean"].notna()
+        fig.add_trace(go.Scatter(x=100 * g["x"], y=g["seconds_to_target_mean"].where(reached), name=name,
+                                 mode="lines+markers", line={"color": color},
+                                 error_y={"type": "data", "array": g["seconds_to_target_ci95"].fillna(0),
+                                          "visible": True},
+                                 text=g["seconds_to_target_text"],
+                                 hovertemplate="p = %{x:.3g} %: %{text}<extra>" + name + "</extra>"))
+        if (~reached).any():
+            fig.add_trace(go.Scatter(x=100 * g.loc[~reached, "x"], y=[top] * int((~reached).sum()),
+                                     name=f"{name}: never", mode="markers+text",
+                                     marker={"color": color, "symbol": "x", "size": 12},
+                                     text=["never"] * int((~reached).sum()), textposition="top center",
+                                     showlegend=False))
+    fig.update_xaxes(type="log", title_text=f"injected probability p, % (p = 0 drawn at {100 * floor:.2g} %)")
+    fig.update_yaxes(title_text="seconds to target (mean ± 95 % interval)", rangemode="tozero")
+    fig.update_layout(title=title)
+    return fig
+
+
 def time_to_target(agg: pd.DataFrame) -> go.Figure:
     """The headline: wall time to the target accuracy against background load, one line per
     contender, mean and 95 % interval over seeds; a point where no seed reached the target

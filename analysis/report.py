@@ -194,6 +194,64 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# The paper's tolerance figures (HotNets '24, VGG-19 / CIFAR-100, trims emulated at a fixed
+# probability), by the kind of contender nearest to each of ours.
+PAPER_TOLERANCE = {
+    "rotated": "about 50 % trimmed (its rotated variant)",
+    "stochastic": "10–20 % trimmed (its stochastic-quantization variant)",
+    "stock": "0.15–0.25 % dropped (stock NCCL)",
+}
+
+
+def _paper_kind(contender: str) -> str | None:
+    if contender.startswith("gloo") or " drop " in f" {contender} ":
+        return "stock"
+    if contender.endswith(("embedded", "sign_tail")):
+        return "rotated"
+    if contender.endswith(("fp32", "bf16", "sign_tail_unrotated")):
+        return "stochastic"
+    return None
+
+
+def _within(value, base_mean, base_ci) -> bool:
+    """`value` lies in the base's 95 % interval, edges included (one seed: no width)."""
+    return value is not None and value == value and abs(value - base_mean) <= (base_ci or 0.0)
+
+
+def tolerance(agg: pd.DataFrame) -> pd.DataFrame:
+    """Per contender: the largest injected probability p it tolerates — the largest p such
+    that at it and at every smaller p the mean time to target lies within the 95 % interval
+    of the contender's own p = 0, and so does the mean final accuracy; "never" where even
+    p = 0 never reached the target, "none" where the smallest p > 0 already fell out. Next
+    to it, the paper's figure for the nearest kind of contender."""
+    rows = []
+    if agg is None or agg.empty or "inject_p" not in agg:
+        return pd.DataFrame(rows)
+    for name, g in agg.groupby("contender", sort=False):
+        g = g.assign(inject_p=g["inject_p"].fillna(0.0)).sort_values("inject_p", kind="stable")
+        base = g[g["inject_p"] == 0]
+        row = {"contender": name, "paper": PAPER_TOLERANCE.get(_paper_kind(name) or "", "-")}
+        if base.empty:
+            rows.append(row | {"tolerated_p": None, "tolerated": "no p = 0 point"})
+            continue
+        b = base.iloc[0]
+        if b["seconds_to_target_mean"] is None or b["seconds_to_target_mean"] != b["seconds_to_target_mean"]:
+            rows.append(row | {"tolerated_p": None, "tolerated": "never (p = 0 never reached the target)"})
+            continue
+        tolerated = 0.0
+        for _, r in g[g["inject_p"] > 0].iterrows():
+            if r["seconds_to_target_never"] or not (
+                    _within(r["seconds_to_target_mean"], b["seconds_to_target_mean"], b["seconds_to_target_ci95"])
+                    and _within(r["final_acc_mean"], b["final_acc_mean"], b["final_acc_ci95"])):
+                break
+            tolerated = float(r["inject_p"])
+        row["tolerated_p"] = tolerated
+        row["tolerated"] = f"{100 * tolerated:g} %" if tolerated else "none (the smallest p > 0 already slowed it)"
+        row["p0_seconds_to_target"] = b["seconds_to_target_text"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _summary_html(s: dict, run: RunData) -> str:
     keys = ["status", "reason", "codec", "topology", "inject_p", "action", "background_flows", "load", "achieved",
             "peak_occupancy", "buffer_bytes", "full_s", "steps",
@@ -345,6 +403,12 @@ def compare(paths: list[str | Path], out: str | Path, target: float | None = Non
     target_line = f"<p class=muted>target accuracy: {fmt(target)} ({html.escape(source)})</p>"
     sections = []
     agg = aggregate(df) if len(df) else pd.DataFrame()
+    tol = tolerance(agg) if len(agg) and "inject_p" in agg and agg["inject_p"].fillna(0).gt(0).any() else None
+    if tol is not None and len(tol):
+        sections += [("Tolerance to injected trims and drops",
+                      _figure(figures.tolerance_curves(agg), "fig-tolerance")
+                      + f'<div style="overflow-x:auto">{_table(tol.to_dict("records"), "tolerance")}</div>'
+                      + target_line)]
     if len(agg) and (agg["seeds"] > 1).any():
         shown = ["point", "contender", "load", "achieved", "inject_p", "seeds", "final_acc_text",
                  "steps_to_target_text", "seconds_to_target_text"]

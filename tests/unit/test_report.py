@@ -4,6 +4,7 @@ figures with data."""
 
 import json
 import re
+import shutil
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -147,3 +148,62 @@ def test_a_loaded_point_states_the_load_it_got_and_the_congestion_it_made(tmp_pa
         {"achieved": "18.9 of 19 Mbit/s", "load_short": False}
     page = report.compare([run_dir], tmp_path / "cmp.html").read_text()
     assert "10.9 of 19 Mbit/s (short)" in page
+
+
+def _agg(rows):
+    """aggregate()'s columns for (contender, p, seconds mean, ci, never, acc mean, acc ci)."""
+    return pd.DataFrame([{"contender": c, "inject_p": p, "seeds": 3, "seconds_to_target_mean": s,
+                          "seconds_to_target_ci95": ci, "seconds_to_target_never": nev,
+                          "seconds_to_target_text": "never" if s is None else f"{s} ± {ci}",
+                          "final_acc_mean": a, "final_acc_ci95": aci} for c, p, s, ci, nev, a, aci in rows])
+
+
+def test_tolerance_is_the_largest_p_within_the_interval_of_its_own_p0():
+    agg = _agg([
+        # within at 0.1 % and 1 % (1 % exactly on the interval's edge: a tie counts), out at 5 %
+        ("trimlab trim embedded", 0.0, 10.0, 2.0, 0, 0.90, 0.01),
+        ("trimlab trim embedded", 0.001, 11.0, 1.0, 0, 0.90, 0.01),
+        ("trimlab trim embedded", 0.01, 12.0, 1.0, 0, 0.895, 0.01),
+        ("trimlab trim embedded", 0.05, 12.5, 1.0, 0, 0.89, 0.01),
+        ("trimlab trim embedded", 0.2, 11.0, 1.0, 0, 0.90, 0.01),  # back within: the first fall counts
+        # time within, accuracy not: not tolerated
+        ("trimlab trim fp32", 0.0, 10.0, 1.0, 0, 0.90, 0.005),
+        ("trimlab trim fp32", 0.001, 10.5, 1.0, 0, 0.85, 0.005),
+        # one seed of three never reached the target at 0.1 %
+        ("gloo (TCP, drop)", 0.0, 8.0, 1.0, 0, 0.90, 0.01),
+        ("gloo (TCP, drop)", 0.001, 8.2, 1.0, 1, 0.90, 0.01),
+        # p = 0 itself never reached the target
+        ("trimlab drop embedded", 0.0, None, None, 3, 0.40, 0.01),
+        ("trimlab drop embedded", 0.01, None, None, 3, 0.40, 0.01),
+    ])
+    tol = report.tolerance(agg).set_index("contender")
+    assert tol.loc["trimlab trim embedded", "tolerated_p"] == 0.01
+    assert tol.loc["trimlab trim embedded", "tolerated"] == "1 %"
+    assert tol.loc["trimlab trim embedded", "paper"] == "about 50 % trimmed (its rotated variant)"
+    assert tol.loc["trimlab trim fp32", "tolerated_p"] == 0.0
+    assert tol.loc["trimlab trim fp32", "tolerated"].startswith("none")
+    assert tol.loc["trimlab trim fp32", "paper"].startswith("10–20 %")
+    assert tol.loc["gloo (TCP, drop)", "tolerated_p"] == 0.0
+    assert tol.loc["gloo (TCP, drop)", "paper"] == "0.15–0.25 % dropped (stock NCCL)"
+    assert tol.loc["trimlab drop embedded", "tolerated"].startswith("never")
+    fig = figures.tolerance_curves(agg)
+    assert fig.layout.xaxis.type == "log" and {t.name for t in fig.data} >= set(tol.index)
+    assert any(t.name == "trimlab drop embedded: never" for t in fig.data)
+
+
+def test_a_comparison_with_injected_points_shows_the_tolerance(tmp_path, run_dir):
+    """Through the files: seeds of a p = 0 and a p > 0 point, written as runs, make the
+    comparison page carry the tolerance table and curves."""
+    runs = []
+    for point, p, seeds in (("base", 0.0, (1, 2)), ("p1", 0.01, (1, 2))):
+        for seed in seeds:
+            d = tmp_path / f"{point}-s{seed}"
+            shutil.copytree(run_dir, d)
+            m = json.loads((d / "manifest.json").read_text())
+            m["name"] = f"{point}-s{seed}"
+            m["spec"]["seed"] = seed
+            m["spec"]["congestion"]["inject_probability"] = p
+            (d / "manifest.json").write_text(json.dumps(m))
+            runs.append(d)
+    page = report.compare(runs, tmp_path / "cmp.html").read_text()
+    assert "Tolerance to injected trims and drops" in page and 'id="fig-tolerance"' in page
