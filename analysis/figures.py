@@ -208,6 +208,22 @@ def accuracy_vs_trim_rate(results: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _time_to_target_line(fig: go.Figure, x: pd.Series, g: pd.DataFrame, name: str, color: str, top: float,
+                         hover: str) -> None:
+    """One contender's mean time to target (95 % interval) at `x`; where no seed reached the
+    target, an x at the top marked "never"."""
+    reached = g["seconds_to_target_mean"].notna()
+    fig.add_trace(go.Scatter(x=x, y=g["seconds_to_target_mean"].where(reached), name=name,
+                             mode="lines+markers", line={"color": color},
+                             error_y={"type": "data", "array": g["seconds_to_target_ci95"].fillna(0), "visible": True},
+                             text=g["seconds_to_target_text"], hovertemplate=hover + "<extra>" + name + "</extra>"))
+    if (~reached).any():
+        fig.add_trace(go.Scatter(x=x[~reached], y=[top] * int((~reached).sum()), name=f"{name}: never",
+                                 mode="markers+text", marker={"color": color, "symbol": "x", "size": 12},
+                                 text=["never"] * int((~reached).sum()), textposition="top center",
+                                 showlegend=False))
+
+
 def tolerance_curves(agg: pd.DataFrame) -> go.Figure:
     """Wall time to the target against the injected probability p (log scale; p = 0 drawn
     at the left edge), one line per contender, mean and 95 % interval over seeds; a point
@@ -221,20 +237,7 @@ def tolerance_curves(agg: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for i, (name, g) in enumerate(agg.groupby("contender", sort=False)):
         g = g.assign(x=g["inject_p"].fillna(0).where(g["inject_p"].fillna(0) > 0, floor)).sort_values("x")
-        color = PALETTE[i % len(PALETTE)]
-        reached = g["seconds_to_target_mean"].notna()
-        fig.add_trace(go.Scatter(x=100 * g["x"], y=g["seconds_to_target_mean"].where(reached), name=name,
-                                 mode="lines+markers", line={"color": color},
-                                 error_y={"type": "data", "array": g["seconds_to_target_ci95"].fillna(0),
-                                          "visible": True},
-                                 text=g["seconds_to_target_text"],
-                                 hovertemplate="p = %{x:.3g} %: %{text}<extra>" + name + "</extra>"))
-        if (~reached).any():
-            fig.add_trace(go.Scatter(x=100 * g.loc[~reached, "x"], y=[top] * int((~reached).sum()),
-                                     name=f"{name}: never", mode="markers+text",
-                                     marker={"color": color, "symbol": "x", "size": 12},
-                                     text=["never"] * int((~reached).sum()), textposition="top center",
-                                     showlegend=False))
+        _time_to_target_line(fig, 100 * g["x"], g, name, PALETTE[i % len(PALETTE)], top, "p = %{x:.3g} %: %{text}")
     fig.update_xaxes(type="log", title_text=f"injected probability p, % (p = 0 drawn at {100 * floor:.2g} %)")
     fig.update_yaxes(title_text="seconds to target (mean ± 95 % interval)", rangemode="tozero")
     fig.update_layout(title=title)
@@ -256,19 +259,7 @@ def time_to_target(agg: pd.DataFrame) -> go.Figure:
             g = g[g["inject_p"].fillna(0) == 0]
         if g.empty:
             continue
-        color = PALETTE[i % len(PALETTE)]
-        reached = g["seconds_to_target_mean"].notna()
-        fig.add_trace(go.Scatter(x=g["load"], y=g["seconds_to_target_mean"].where(reached), name=name,
-                                 mode="lines+markers", line={"color": color},
-                                 error_y={"type": "data", "array": g["seconds_to_target_ci95"].fillna(0),
-                                          "visible": True},
-                                 text=g["seconds_to_target_text"],
-                                 hovertemplate="%{x}: %{text}<extra>" + name + "</extra>"))
-        if (~reached).any():
-            fig.add_trace(go.Scatter(x=g.loc[~reached, "load"], y=[top] * int((~reached).sum()), name=f"{name}: never",
-                                     mode="markers+text", marker={"color": color, "symbol": "x", "size": 12},
-                                     text=["never"] * int((~reached).sum()), textposition="top center",
-                                     showlegend=False))
+        _time_to_target_line(fig, g["load"], g, name, PALETTE[i % len(PALETTE)], top, "%{x}: %{text}")
     fig.update_xaxes(title_text="background load on each contender's own queue", categoryorder="array",
                      categoryarray=loads)
     fig.update_yaxes(title_text="seconds to target (mean ± 95 % interval)", rangemode="tozero")
