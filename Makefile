@@ -39,7 +39,8 @@ $(STAMP): pyproject.toml $(PACKAGE_DIRS) | $(PY)
 	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
 	  || $(PY) -m pip install -q torch==$(TORCH_VERSION)
 	@echo "setup: trimlab and its dependencies (editable, strict)"
-	@$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	@# (setuptools warns that a strict install is one: it is what we asked for)
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
 	@touch $(STAMP)
 
 venv: $(STAMP)
