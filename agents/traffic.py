@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 
+from trimlab import wire
 from trimlab.agents.transport import (
     BUFFER_BYTES,
     Pacer,
@@ -26,7 +27,6 @@ from trimlab.agents.transport import (
     set_tos,
     unsent_bytes,
 )
-from trimlab import wire
 from trimlab.config import TRAFFIC_PORT, parse_rate
 
 
@@ -118,8 +118,11 @@ def send(a) -> dict:
     finally:
         if shaped:  # its backlog leaves first (at most the burst bound): a class goes with its packets
             drained_by = time.monotonic() + 2 * _burst(rate, a.size, True) * 8 / rate + 1
-            while unsent_bytes(sock) and time.monotonic() < drained_by:
-                time.sleep(0.005)
+            try:
+                while unsent_bytes(sock) and time.monotonic() < drained_by:
+                    time.sleep(0.005)
+            except _Stop:  # signalled again: stop waiting, but still remove the class
+                pass
             shaped.close()
     offered = max(0, sent - queued)
     return {"event": "summary", "role": "send", "bytes": sent, "queued_bytes": queued, "on_s": round(on_s, 6),

@@ -67,7 +67,11 @@ def set_max_pacing_rate(sock: socket.socket, rate_bps: float) -> None:
 
 
 def _tc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10)
+    """`tc ARGS`; a host without tc (or a hung one) reads as a failed command."""
+    try:
+        return subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(["tc", *args], 127, "", str(exc))
 
 
 def route_device(dst: str) -> str | None:
