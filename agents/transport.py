@@ -93,12 +93,12 @@ class HtbFlow:
         self.dev, self.classid = dev, f"1:{minor:x}"
 
     @classmethod
-    def attach(cls, sock: socket.socket, dst: str, rate_bps: float, minor: int,
+    def attach(cls, sock: socket.socket, dev: str, rate_bps: float, minor: int,
                frame_over_payload: float = 1.0) -> "HtbFlow | None":
-        """Shape `sock` at `rate_bps` of payload, or None where the host has no such htb (or
-        no right to it). htb counts whole frames: `frame_over_payload` scales the class's rate."""
-        dev = route_device(dst)
-        if dev is None or "class htb 1:1 " not in _tc("class", "show", "dev", dev).stdout:
+        """Shape `sock` (leaving by device `dev`) at `rate_bps` of payload, or None where the
+        device has no such htb (or no right to it). htb counts whole frames:
+        `frame_over_payload` scales the class's rate."""
+        if "class htb 1:1 " not in _tc("class", "show", "dev", dev).stdout:
             return None
         flow, rate = cls(dev, minor), f"{int(rate_bps * frame_over_payload)}bit"
         burst = str(max(15000, int(rate_bps / 8 * 1e-3)))  # 1 ms of the rate: exact at any rate
@@ -129,7 +129,7 @@ def kernel_pacing(sock: socket.socket, dst: str, rate_bps: float, minor: int, fr
     dev = route_device(dst)
     if dev and any(line.startswith("qdisc fq ") for line in _tc("qdisc", "show", "dev", dev).stdout.splitlines()):
         return "fq", None
-    flow = HtbFlow.attach(sock, dst, rate_bps, minor, frame_over_payload) if htb else None
+    flow = HtbFlow.attach(sock, dev, rate_bps, minor, frame_over_payload) if htb and dev else None
     return (f"htb {flow.classid}", flow) if flow else (None, None)
 
 
