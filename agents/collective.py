@@ -21,7 +21,7 @@ from trimlab import wire
 from trimlab.agents.collect import Collector
 from trimlab.agents.failure import MissedSteps, ProtocolError
 from trimlab.agents.node import Node
-from trimlab.agents.transport import Sender
+from trimlab.agents.transport import gradient_sender
 from trimlab.codec import CodecContext, packing
 from trimlab.config import PHASES, AgentConfig
 
@@ -43,7 +43,7 @@ class ShardedAllReduce:
         self.node = Node(cfg, me, {w.addr: w.name for r, w in enumerate(cfg.workers) if r != rank},
                          receive_gradients=True)
         t = cfg.transport
-        self.senders = {r: Sender(a, t.port, t.dscp, rate_bps=t.pacing_bps, bind=me) for r, a in self.others.items()}
+        self.senders = {r: gradient_sender(t, cfg.mtu, a, me, r) for r, a in self.others.items()}
         self.deadline_s = t.deadline_ms / 1e3
         self.missed = MissedSteps(self.node.ctx, cfg.max_missed_steps)
         self.stats = self._zero()

@@ -17,6 +17,8 @@ import socket
 import sys
 import time
 
+import numpy as np
+
 from trimlab import wire
 from trimlab.agents.transport import (
     BUFFER_BYTES,
@@ -28,9 +30,6 @@ from trimlab.agents.transport import (
     unsent_bytes,
 )
 from trimlab.config import TRAFFIC_PORT, parse_rate
-
-
-ETHERNET_LEN = 14  # what a qdisc counts of each frame beyond the IP packet (no FCS)
 
 
 def _event(**fields) -> None:
@@ -45,13 +44,26 @@ def _on_signal(*_):
     raise _Stop
 
 
-def _burst(rate_bps: float, size: int, kernel_paced: bool) -> int:
+FQ_FLOW_PACKETS = 90  # fq queues at most 100 packets a flow (flow_limit) and drops the rest
+
+
+def _burst(rate_bps: float, size: int, paced_by: str | None) -> int:
     """How far behind its schedule a background flow may catch up (two datagrams at
-    least). Paced by the kernel (capped at the flow's rate), a catch-up waits in the
-    host's qdisc and leaves at the rate, so it may cover 250 ms of oversleeping: once the
-    sender has fallen behind once, that backlog keeps the wire busy through later stalls.
-    Paced in user space alone, a catch-up leaves back to back, so it is held to 20 ms."""
-    return max(2 * size, int(rate_bps * (0.25 if kernel_paced else 0.02) / 8))
+    least). Shaped in an htb class of its own, a catch-up waits there and leaves at the
+    rate, so it may cover 250 ms of oversleeping: once the sender has fallen behind once,
+    that backlog keeps the wire busy through later stalls. Under fq the same holds up to
+    fq's per-flow queue. Paced in user space alone, a catch-up leaves back to back, so it
+    is held to 20 ms."""
+    if paced_by is None:
+        return max(2 * size, int(rate_bps * 0.02 / 8))
+    held = int(rate_bps * 0.25 / 8)
+    return max(2 * size, held if paced_by.startswith("htb") else min(held, FQ_FLOW_PACKETS * size))
+
+
+def _batch(rate_bps: float, size: int) -> int:
+    """Datagrams a shaped flow hands the kernel per wake-up: 1 ms of its rate (at most 64),
+    so a fast flow is not held back by one system call per datagram."""
+    return max(1, min(64, int(rate_bps * 1e-3 / 8 / size)))
 
 
 def send(a) -> dict:
@@ -68,15 +80,23 @@ def send(a) -> dict:
     # the kernel counts frames, the request is payload: Ethernet, IP and UDP (TCP: and its
     # options, per MSS-sized segment) headers on top of each datagram or segment
     if a.protocol == "udp":
-        frame = a.size + wire.ip_udp_overhead(":" in a.dst) + ETHERNET_LEN
+        frame = a.size + wire.ip_udp_overhead(":" in a.dst) + wire.ETH_LEN
         per = a.size
     else:
         per = max(1, sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG) or 1448)
-        frame = per + (40 if ":" in a.dst else 20) + 32 + ETHERNET_LEN
+        frame = per + (40 if ":" in a.dst else 20) + 32 + wire.ETH_LEN
     paced_by, shaped = kernel_pacing(sock, a.dst, rate, minor=a.port, frame_over_payload=frame / per,
                                      htb=a.kernel_shaping)
-    pacer = Pacer(rate, _burst(rate, a.size, paced_by is not None))
-    if a.protocol == "udp":
+    pacer = Pacer(rate, _burst(rate, a.size, paced_by))
+    if a.protocol == "udp" and shaped:
+        k = _batch(rate, a.size)
+        batch = wire.Frames(np.zeros((k, a.size), dtype=np.uint8), np.full(k, a.size, dtype=np.int64))
+
+        def emit() -> int:  # the class spaces them on the wire
+            pacer.wait(k * a.size)
+            tx.send_frames(batch, one_per_message=True)
+            return k * a.size
+    elif a.protocol == "udp":
         def emit() -> int:
             pacer.wait(len(payload))
             tx.send(payload)
@@ -117,10 +137,8 @@ def send(a) -> dict:
         queued = unsent_bytes(sock)  # handed to the kernel, not on the wire yet: not offered
     finally:
         if shaped:  # its backlog leaves first (at most the burst bound): a class goes with its packets
-            drained_by = time.monotonic() + 2 * _burst(rate, a.size, True) * 8 / rate + 1
             try:
-                while unsent_bytes(sock) and time.monotonic() < drained_by:
-                    time.sleep(0.005)
+                shaped.drain(sock, 2 * _burst(rate, a.size, paced_by), rate)
             except _Stop:  # signalled again: stop waiting, but still remove the class
                 pass
             shaped.close()

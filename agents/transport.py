@@ -94,14 +94,15 @@ class HtbFlow:
 
     @classmethod
     def attach(cls, sock: socket.socket, dev: str, rate_bps: float, minor: int,
-               frame_over_payload: float = 1.0) -> "HtbFlow | None":
+               frame_over_payload: float = 1.0, burst_bytes: int | None = None) -> "HtbFlow | None":
         """Shape `sock` (leaving by device `dev`) at `rate_bps` of payload, or None where the
         device has no such htb (or no right to it). htb counts whole frames:
-        `frame_over_payload` scales the class's rate."""
+        `frame_over_payload` scales the class's rate. At most `burst_bytes` (default: 1 ms
+        of the rate, 15 kB at least) leave back to back after the class was idle."""
         if "class htb 1:1 " not in _tc("class", "show", "dev", dev).stdout:
             return None
         flow, rate = cls(dev, minor), f"{int(rate_bps * frame_over_payload)}bit"
-        burst = str(max(15000, int(rate_bps / 8 * 1e-3)))  # 1 ms of the rate: exact at any rate
+        burst = str(burst_bytes or max(15000, int(rate_bps / 8 * 1e-3)))
         made = _tc("class", "replace", "dev", dev, "parent", "1:1", "classid", flow.classid, "htb", "rate", rate,
                    "ceil", rate, "burst", burst, "cburst", burst)
         if made.returncode or _tc("qdisc", "replace", "dev", dev, "parent", flow.classid, "handle", f"{minor:x}:",
@@ -115,12 +116,19 @@ class HtbFlow:
             return None
         return flow
 
+    def drain(self, sock: socket.socket, backlog_bytes: int, rate_bps: float) -> None:
+        """Until what `sock` queued has left (a class goes with its packets), at most the
+        time `backlog_bytes` need at `rate_bps` and a second more."""
+        until = time.monotonic() + backlog_bytes * 8 / rate_bps + 1
+        while unsent_bytes(sock) and time.monotonic() < until:
+            time.sleep(0.005)
+
     def close(self) -> None:
         _tc("class", "del", "dev", self.dev, "classid", self.classid)
 
 
 def kernel_pacing(sock: socket.socket, dst: str, rate_bps: float, minor: int, frame_over_payload: float = 1.0,
-                  htb: bool = False) -> tuple[str | None, HtbFlow | None]:
+                  htb: bool = False, burst_bytes: int | None = None) -> tuple[str | None, HtbFlow | None]:
     """Have the kernel pace `sock` to `rate_bps` (of payload) on its way to `dst`, where it
     can: an fq qdisc on the route's device paces to SO_MAX_PACING_RATE (lab hosts' common
     default); with `htb`, a class of its own on the virtual rack's host NIC. Returns how
@@ -129,7 +137,7 @@ def kernel_pacing(sock: socket.socket, dst: str, rate_bps: float, minor: int, fr
     dev = route_device(dst)
     if dev and any(line.startswith("qdisc fq ") for line in _tc("qdisc", "show", "dev", dev).stdout.splitlines()):
         return "fq", None
-    flow = HtbFlow.attach(sock, dev, rate_bps, minor, frame_over_payload) if htb and dev else None
+    flow = HtbFlow.attach(sock, dev, rate_bps, minor, frame_over_payload, burst_bytes) if htb and dev else None
     return (f"htb {flow.classid}", flow) if flow else (None, None)
 
 
@@ -177,9 +185,27 @@ class Pacer:
         self._next += nbytes * 8 / self.rate_bps
 
 
+SHAPING_MINOR = 0x100  # a gradient sender's htb class 1:0x100+i (background flows' are their ports)
+
+
+def gradient_sender(t, mtu: int, dst: str, bind: str, index: int = 0) -> "Sender":
+    """A node's sender of gradient packets to `dst` under its transport config `t`
+    (`config.TransportConfig`): its DSCP, and its pacing rate held by the kernel where `t`
+    allows shaping (the `index`-th shaped sender of the host)."""
+    frame = mtu + wire.ETH_LEN  # what a qdisc counts of a full datagram: the IP packet and its Ethernet header
+    return Sender(dst, t.port, t.dscp, rate_bps=t.pacing_bps, bind=bind, kernel_shaping=t.kernel_shaping,
+                  shaping_minor=SHAPING_MINOR + index,
+                  frame_over_payload=frame / (mtu - wire.ip_udp_overhead(":" in dst)))
+
+
 class Sender:
     """Sends datagrams to one destination with a fixed DSCP, optionally paced to rate_bps
-    (a token bucket over UDP payload bytes, so bursts never exceed one packet).
+    of UDP payload. With `kernel_shaping` the kernel paces it (`kernel_pacing`: an htb
+    class of its own, `shaping_minor`, on the virtual rack's host NIC; where the route's
+    device has fq, SO_MAX_PACING_RATE): a shaped sender hands every datagram to the kernel
+    at once, each a packet of its own (no GSO), and the class spaces them on the wire, so
+    the rate holds however busy the host is. Otherwise user space paces it (`Pacer`, at
+    most `burst_bytes` back to back), and a busy host's oversleeping shows as a lower rate.
 
     Unpaced, `send_all` and `send_frames` hand runs of equal-size datagrams (the last may
     be shorter) to the kernel as one UDP GSO message each (up to 64), all of a bucket's
@@ -190,7 +216,8 @@ class Sender:
 
     def __init__(self, dst: str, port: int = GRADIENT_PORT, dscp: int = 0, ecn: int = 0,
                  rate_bps: float | None = None, sndbuf: int = BUFFER_BYTES, bind: str | None = None,
-                 burst_bytes: int = 2 * 1500):
+                 burst_bytes: int = 2 * 1500, kernel_shaping: bool = False, shaping_minor: int = SHAPING_MINOR,
+                 frame_over_payload: float = 1.0):
         self.dst = (dst, port)
         self.sock = socket.socket(family(dst), socket.SOCK_DGRAM)
         self._name = _sockaddr(dst, port)  # sendmmsg's msg_name
@@ -199,9 +226,12 @@ class Sender:
         set_tos(self.sock, dscp, ecn)
         self.sndbuf = _set_buffers(self.sock, socket.SO_SNDBUF, sndbuf)
         self.rate_bps = rate_bps
-        self.pacer = Pacer(rate_bps, burst_bytes) if rate_bps else None
+        self.paced_by, self._shaped = None, None  # how the rate is held ("htb 1:…", "fq", None: user space)
         if rate_bps:
-            set_max_pacing_rate(self.sock, rate_bps)
+            self.paced_by, self._shaped = kernel_pacing(self.sock, dst, rate_bps, shaping_minor, frame_over_payload,
+                                                        htb=kernel_shaping, burst_bytes=burst_bytes)
+        # fq queues at most 100 packets a flow (and drops the rest): it still needs the user-space pacer
+        self.pacer = Pacer(rate_bps, burst_bytes) if rate_bps and not self._shaped else None
         self.gso = True  # until the kernel says it cannot
         self.sent = 0
         self.bytes = 0
@@ -215,7 +245,7 @@ class Sender:
         self.bytes += len(payload)
 
     def send_all(self, payloads) -> None:
-        if self.rate_bps or not self.gso:
+        if self.pacer or not self.gso:
             for p in payloads:
                 self.send(p)
             return
@@ -227,16 +257,22 @@ class Sender:
                 data[i, :len(p)] = np.frombuffer(p, dtype=np.uint8)
             self.send_frames(wire.Frames(data, length))
 
-    def send_frames(self, frames) -> None:
+    def send_frames(self, frames, one_per_message: bool = False) -> None:
         """Send a `wire.Frames` (or any rows + lengths) from its array in sendmmsg calls,
         without the GIL and without a bytes object per packet: each run of `gso_runs` is
-        one message, a UDP GSO super-datagram whose iovecs are its rows in place."""
-        if self.rate_bps or not self.gso:
+        one message, a UDP GSO super-datagram whose iovecs are its rows in place. A shaped
+        sender, or `one_per_message`, sends each datagram as a message (a packet) of its own."""
+        if self.pacer or not self.gso:
             for p in frames.payloads():
                 self.send(p)
             return
         data, length = np.ascontiguousarray(frames.data), np.asarray(frames.length, dtype=np.int64)
-        runs = gso_runs(length)
+        single = one_per_message or self._shaped is not None  # each its own packet in a qdisc's queue
+        if single:
+            runs = np.zeros(len(length), dtype=_RUNS)
+            runs["first"], runs["rows"], runs["size"] = np.arange(len(length)), 1, length
+        else:
+            runs = gso_runs(length)
         iov = np.empty(len(length), dtype=_IOVEC)
         iov["base"] = data.ctypes.data + data.shape[1] * np.arange(len(length), dtype=np.uint64)
         iov["len"] = length
@@ -250,7 +286,7 @@ class Sender:
         msgs["iov"] = iov.ctypes.data + _IOVEC.itemsize * runs["first"].astype(np.uint64)
         msgs["iovlen"] = runs["rows"]
         msgs["control"] = ctl.ctypes.data + _CMSG_SPACE_U16 * np.arange(len(runs), dtype=np.uint64)
-        msgs["controllen"] = _CMSG_SPACE_U16
+        msgs["controllen"] = 0 if single else _CMSG_SPACE_U16
         done = 0
         while done < len(runs):
             n = _LIBC.sendmmsg(self.sock.fileno(), msgs.ctypes.data + _MMSG.itemsize * done,
@@ -289,6 +325,10 @@ class Sender:
         if self._later is not None:
             self._later.stop()
             self._later = None
+        if self._shaped:
+            self._shaped.drain(self.sock, self.sndbuf, self.rate_bps)
+            self._shaped.close()
+            self._shaped = None
         self.sock.close()
 
 
@@ -551,16 +591,24 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--count", type=int, default=100)
     s.add_argument("--size", type=int, default=1000, help="payload bytes, sequence number included")
     s.add_argument("--rate", type=float, default=None, help="pace to this many bits/s")
+    s.add_argument("--kernel-shaping", action="store_true",
+                   help="with --rate: shape in an htb class of its own under the host NIC's class 1:1 (the virtual "
+                        "rack's hosts; needs CAP_NET_ADMIN)")
     r = sub.add_parser("recv", help="print {\"listening\": PORT} once bound, then one JSON line per datagram")
     r.add_argument("--bind", default="0.0.0.0")
     r.add_argument("--port", type=int, default=GRADIENT_PORT)
     r.add_argument("--idle", type=float, default=1.0, help="stop after this many idle seconds")
     a = ap.parse_args(argv)
     if a.cmd == "send":
-        tx = Sender(a.dst, a.port, a.dscp, a.ecn, a.rate)
+        tx = Sender(a.dst, a.port, a.dscp, a.ecn, a.rate, kernel_shaping=a.kernel_shaping,
+                    frame_over_payload=(a.size + wire.ip_udp_overhead(":" in a.dst) + wire.ETH_LEN) / a.size)
         pad = b"\0" * max(0, a.size - _SEQ.size)
+        t0 = time.monotonic()
         tx.send_all(_SEQ.pack(i & 0xFFFFFFFF) + pad for i in range(a.count))
-        print(json.dumps({"sent": tx.sent, "bytes": tx.bytes, "sndbuf": tx.sndbuf}))
+        handed_s = time.monotonic() - t0
+        tx.close()  # a shaped sender's backlog leaves first
+        print(json.dumps({"sent": tx.sent, "bytes": tx.bytes, "sndbuf": tx.sndbuf, "handed_s": round(handed_s, 6),
+                          "paced_by": tx.paced_by or ("user space" if a.rate else None)}))
         return 0
     rx = Receiver(a.bind, a.port)
     print(json.dumps({"listening": a.port}), flush=True)  # bound: a sender may start

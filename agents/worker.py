@@ -28,7 +28,7 @@ from trimlab.agents import workloads as W
 from trimlab.agents.collective import ShardedAllReduce, shard_bounds
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.node import Node
-from trimlab.agents.transport import Sender, hold_heap
+from trimlab.agents.transport import gradient_sender, hold_heap
 from trimlab.config import METRIC_FIELDS, PHASES, AgentConfig
 from trimlab.errors import SpecError
 
@@ -71,7 +71,9 @@ class Worker:
         cfg, t, to = self.cfg, self.cfg.transport, self.cfg.timeouts
         ps = cfg.ps.addr
         self.node = Node(cfg, self.me.addr, {ps: cfg.ps.name}, receive_gradients=False)
-        tx = Sender(ps, t.port, t.dscp, rate_bps=t.pacing_bps, bind=self.me.addr)
+        tx = gradient_sender(t, cfg.mtu, ps, self.me.addr)
+        logs.log_event(event="pacing", role="worker", rank=self.rank, rate_bps=t.pacing_bps,
+                       paced_by=(tx.paced_by or "user space") if t.pacing_bps else None)
         for step in range(cfg.steps):
             w0 = time.monotonic()
             self.params = self.node.wait_params(ps, step, 0, self.numel, to.startup_s if step == 0 else to.params_s)

@@ -469,6 +469,41 @@ def load_checks(run: RunData) -> list[dict]:
     return out
 
 
+def pacing_checks(run: RunData) -> list[dict]:
+    """The hook's pacing, where it has a rate: each worker's gradient packets as its own
+    capture saw them leave, every step's burst from its first packet to its last, against
+    the rate asked for (the same 3 % tolerance). A sender that a busy host held back
+    (paced in user space, where it can only make up two packets) falls short here."""
+    cfg = run.cfg
+    rate = cfg.transport.pacing_bps if cfg else None
+    if not rate:
+        return []
+    out = []
+    for w in cfg.workers:
+        name = f"hook pacing = requested ({w.name})"
+        cap = run.capture(w.name)
+        if cap is None:
+            out.append(_check(name, f"{w.name} capture", _mbit(rate), "none", NA,
+                              "no capture of this worker (capture.points did not include it)"))
+            continue
+        sent = cap[cap["trimlab"] & (cap["src"] == w.addr) & (cap["dport"] == cfg.transport.port)]
+        steps = sent.groupby("step", sort=False).agg(first=("ts_ns", "min"), last=("ts_ns", "max"),
+                                                     n=("ts_ns", "size"), bytes=("udp_payload", "sum"))
+        steps = steps[steps["n"] > 1]
+        span_ns = float((steps["last"] - steps["first"]).sum())
+        if not span_ns:
+            out.append(_check(name, f"{w.name} capture", _mbit(rate), "none", NA, "no step of two packets or more"))
+            continue
+        # a burst of n packets spans n - 1 gaps: its bytes but one packet's, over the span
+        paced = float((steps["bytes"] * (steps["n"] - 1) / steps["n"]).sum()) * 8 / (span_ns / 1e9)
+        ok = paced >= (1 - LOAD_TOLERANCE) * rate
+        out.append(_check(name, f"{w.name} capture ({len(steps)} steps' bursts)", _mbit(rate), _mbit(paced),
+                          AGREE if ok else DISAGREE,
+                          f"{w.name} sent its gradients at {_mbit(paced)} of {_mbit(rate)} Mbit/s "
+                          f"({paced / rate:.1%}; tolerance {LOAD_TOLERANCE:.0%})"))
+    return out
+
+
 def _mbit(bps: float) -> float:
     return round(bps / 1e6, 2)
 
@@ -478,7 +513,7 @@ def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
     if wl.kind == "ddp" and wl.comm == "gloo":
         return pd.DataFrame(columns=COLUMNS), gloo_checks(run) + load_checks(run)
     rows, side = packet_table(run)
-    return rows, checks(run, rows, side) + load_checks(run)
+    return rows, checks(run, rows, side) + load_checks(run) + pacing_checks(run)
 
 
 def write(run_dir: str | Path) -> tuple[pd.DataFrame, list[dict]]:

@@ -94,6 +94,7 @@ class TransportConfig(_Strict):
     control_dscp: int = Field(ge=0, le=63)
     deadline_ms: float = Field(gt=0)
     pacing_bps: int | None = None
+    kernel_shaping: bool = False  # the host NIC's htb is ours to add classes to (the virtual rack)
     port: int = GRADIENT_PORT
     ipv6: bool = False
 

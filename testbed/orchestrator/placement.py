@@ -189,7 +189,7 @@ def agent_config(spec: ExperimentSpec, p: Placement, mtu: int, rate_bps: int) ->
         workload=spec.workload,
         codec=CodecConfig(name=codec.name, params=codec.params(), span=spec.codec.span, coords=coords),
         transport=TransportConfig(dscp=t.dscp, control_dscp=t.control_dscp, deadline_ms=t.deadline_ms,
-                                  pacing_bps=pacing, port=t.port, ipv6=t.ipv6),
+                                  pacing_bps=pacing, kernel_shaping=p.rack.virtual, port=t.port, ipv6=t.ipv6),
         truth_every=spec.truth.every, eval_every=spec.workload.eval_every,
         ps=HostConfig(name=p.ps.name, addr=p.addr(p.ps, t.ipv6)) if p.ps else None,
         workers=[HostConfig(name=w.name, addr=p.addr(w, t.ipv6)) for w in p.workers])

@@ -15,10 +15,38 @@ import time
 
 import pytest
 
-from tests.rack.conftest import ROOT, host
+from tests.rack.conftest import ROOT, Capture, host
+from trimlab.config import GRADIENT_PORT
 
 RATE = 20e6
 PORT = 48000
+
+
+def stalled(proc: subprocess.Popen) -> str:
+    """Run `proc` to its end, stopped 60 ms of every 100 ms (the stalls are the experiment);
+    its stdout."""
+    done = threading.Event()
+
+    def stall():
+        while not done.is_set():
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.06)
+            proc.send_signal(signal.SIGCONT)
+            done.wait(0.04)
+
+    t = threading.Thread(target=stall, daemon=True)
+    t.start()
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        done.set()
+        t.join()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return out
 
 
 def flow(st, kernel_shaping: bool, seconds: float = 4.0) -> tuple[dict, int]:
@@ -34,27 +62,7 @@ def flow(st, kernel_shaping: bool, seconds: float = 4.0) -> tuple[dict, int]:
     send = agent(tr, "send", "--dst", ps.data_ipv4, "--port", str(PORT), "--rate", str(int(RATE)),
                  "--duration", str(seconds), *(["--kernel-shaping"] if kernel_shaping else []))
     assert '"on"' in send.stdout.readline()  # sending
-    done = threading.Event()
-
-    def stall():  # the stalls themselves are the experiment: 60 ms stopped, 40 ms running
-        while not done.is_set():
-            send.send_signal(signal.SIGSTOP)
-            time.sleep(0.06)
-            send.send_signal(signal.SIGCONT)
-            done.wait(0.04)
-
-    t = threading.Thread(target=stall, daemon=True)
-    t.start()
-    try:
-        out, err = send.communicate(timeout=120)
-    finally:
-        done.set()
-        t.join()
-        if send.poll() is None:
-            send.send_signal(signal.SIGCONT)
-            send.kill()
-            send.wait()
-    assert send.returncode == 0, err[-2000:]
+    out = stalled(send)
     # the sink reads what is still in flight, then stops (its socket drained)
     from tests.procnet import rx_queues, wait_until
     wait_until(lambda: not any(rx_queues(PORT)), "the sink has read everything")
@@ -85,3 +93,40 @@ def test_a_stalled_flow_paced_in_user_space_alone_falls_short_and_says_so(rack):
     assert summary["paced_by"] == "user space"
     assert summary["offered_bps"] < 0.9 * RATE, summary  # 40 ms running + 20 ms made up of each 100
     assert got == summary["bytes"]
+
+
+def gradient_burst(st, kernel_shaping: bool) -> tuple[dict, float]:
+    """The hook's sender (`transport.Sender`, paced to RATE) sending 3 s of datagrams w1 ->
+    ps1 under the same stalls: its summary and the rate its packets left w1 at, from a
+    capture of w1's port (first packet to last)."""
+    w, ps = host(st, "w1"), host(st, "ps1")
+    cap = Capture(st, "w1", f"udp dst port {GRADIENT_PORT}")
+    try:
+        proc = subprocess.Popen(["ip", "netns", "exec", w.ns, sys.executable, "-m", "trimlab.agents.transport", "send",
+                                 "--dst", ps.data_ipv4, "--count", str(COUNT), "--size", str(SIZE),
+                                 "--rate", str(int(RATE)), *(["--kernel-shaping"] if kernel_shaping else [])],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        summary = json.loads(stalled(proc).strip().splitlines()[-1])
+    finally:
+        frames = cap.stop()
+    assert len(frames) == COUNT  # every datagram left (nothing is congested here)
+    payload = SIZE * (len(frames) - 1)  # n packets span n - 1 gaps
+    return summary, payload * 8 / float(frames[-1].time - frames[0].time)
+
+
+COUNT, SIZE = 7500, 1000  # 3 s at RATE
+
+
+def test_the_hooks_stalled_sender_holds_its_pacing_rate_when_the_kernel_shapes_it(rack):
+    summary, rate = gradient_burst(rack, kernel_shaping=True)
+    assert summary["paced_by"] == "htb 1:100", summary
+    assert 0.97 * RATE <= rate <= 1.01 * RATE, rate
+    shaped = subprocess.run(["ip", "netns", "exec", host(rack, "w1").ns, "tc", "class", "show", "dev", "eth1"],
+                            capture_output=True, text=True).stdout
+    assert "1:100 " not in shaped  # the class went once its backlog had left
+
+
+def test_the_hooks_stalled_sender_paced_in_user_space_falls_short(rack):
+    summary, rate = gradient_burst(rack, kernel_shaping=False)
+    assert summary["paced_by"] == "user space"
+    assert rate < 0.9 * RATE, rate  # 40 ms running + two packets made up of each 100

@@ -42,13 +42,14 @@ class Synth:
     tcpdump_dropped: int = 0
     late: int = 0  # the ps's own count of late packets
     corrupt_scale: tuple | None = None  # a sender-capture header whose scale is wrong
+    pacing_bps: int | None = None  # the hook's pacing asked for (its packets leave 100 µs apart)
 
     def cfg(self) -> dict:
         return {"name": "synth", "job": 1, "seed": 7, "steps": self.steps, "mtu": 1500, "topology": "ps",
                 "workload": {"kind": "digits", "steps": self.steps},
                 "codec": {"name": self.codec, "params": get_codec(self.codec).params(), "span": 4096,
                           "coords": self.coords},
-                "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 200, "pacing_bps": None,
+                "transport": {"dscp": 10, "control_dscp": 46, "deadline_ms": 200, "pacing_bps": self.pacing_bps,
                               "port": GRADIENT_PORT, "ipv6": False},
                 "truth_every": 2, "eval_every": 2, "ps": {"name": PS["name"], "addr": PS["addr"]},
                 "workers": [{"name": w["name"], "addr": w["addr"]} for w in WORKERS]}

@@ -159,6 +159,22 @@ def test_a_background_flow_that_fell_short_disagrees_and_says_by_how_much(tmp_pa
     assert chk["offered load = requested (flow 2)"]["status"] == match.DISAGREE
 
 
+def test_the_hooks_pacing_is_measured_on_the_wire(tmp_path):
+    """Each worker's pacing, from its own capture (every step's packets, first to last),
+    against the rate asked: the synthetic senders' packets leave 100 µs apart, so 50 Mbit/s
+    was held and 500 Mbit/s was not; a run without pacing has no such check."""
+    assert not [c for c in match.match(build(tmp_path / "none")[1])[1] if c["check"].startswith("hook pacing")]
+    _, run = build(tmp_path / "held", pacing_bps=50_000_000)
+    chk = {c["check"]: c for c in match.pacing_checks(run)}
+    assert set(chk) == {"hook pacing = requested (s-w1)", "hook pacing = requested (s-w2)"}
+    held = chk["hook pacing = requested (s-w1)"]
+    assert held["status"] == match.AGREE and 50 < held["observed"] < 100, held
+    _, run = build(tmp_path / "short", pacing_bps=500_000_000)
+    short = {c["check"]: c for c in match.pacing_checks(run)}["hook pacing = requested (s-w2)"]
+    assert short["status"] == match.DISAGREE and short["detail"].startswith("s-w2 sent its gradients at "), short
+    assert short["observed"] == chk["hook pacing = requested (s-w2)"]["observed"]  # the same packets, measured alike
+
+
 def with_repair(run, repaired=None, refused=0, platform="sonic"):
     """Record the switch's platform and the receiver's repair counters (None: no repair)."""
     m = json.loads((run.path / "manifest.json").read_text())
