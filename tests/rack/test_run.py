@@ -141,7 +141,8 @@ def test_the_hooks_pacing_is_held_by_the_kernel_and_measured_in_the_run(tmp_path
         assert paced["expected"] == 45.0 and 0 < paced["observed"], paced
         assert (paced["status"] == "agree") == (paced["observed"] >= 0.97 * 45.0), paced
         (log,) = run_dir.glob(f"logs/*-{w}-worker.log")
-        assert '"paced_by": "htb 1:100"' in log.read_text()
+        (event,) = [json.loads(line) for line in log.read_text().splitlines() if '"pacing"' in line]
+        assert event["paced_by"] == "htb 1:100", event
 
 
 def test_killed_worker_fails_the_run_with_artifacts_kept(tmp_path):
