@@ -88,6 +88,7 @@ class Worker:
                                         "encode_ms": (s0 - e0) * 1e3, "send_ms": (time.monotonic() - s0) * 1e3,
                                         "gather_ms": wait * 1e3})
         self.params = self.node.wait_params(ps, cfg.steps, 0, self.numel, to.params_s)
+        tx.close()  # a shaped sender's class goes (its backlog has left: the ps has every step)
         self.node.drain(2.0)  # re-acknowledge until the ps says BYE
 
     # topology sharded: the all-gather of step s carries the parameters step s starts from
