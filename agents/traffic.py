@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import select
 import signal
 import socket
@@ -67,6 +68,8 @@ def _batch(rate_bps: float, size: int) -> int:
 
 
 def send(a) -> dict:
+    if a.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, a.nice)
     rate = parse_rate(a.rate)
     payload = b"\0" * a.size
     sent = 0
@@ -149,7 +152,7 @@ def send(a) -> dict:
 
 
 def sink(a) -> dict:
-    got = 0
+    got = packets = 0  # payload bytes; datagrams (UDP) or reads (TCP)
     if a.protocol == "udp":
         s = socket.socket(family(a.bind), socket.SOCK_DGRAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
@@ -173,9 +176,10 @@ def sink(a) -> dict:
                     conns.remove(c)
                     c.close()
                 got += len(data)
+                packets += bool(data)
     except _Stop:
         pass
-    return {"event": "summary", "role": "sink", "bytes": got}
+    return {"event": "summary", "role": "sink", "bytes": got, "packets": packets}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--kernel-shaping", action="store_true",
                    help="shape the flow in an htb class of its own under the host NIC's class 1:1 (the "
                         "virtual rack's hosts; needs CAP_NET_ADMIN); fq on the route's device is used anyway")
+    s.add_argument("--nice", type=int, default=0,
+                   help="scheduling priority to run at (-20: highest; needs root): a host whose cores are "
+                        "shared with trainers (the virtual rack's) must not slow the flow")
     k = sub.add_parser("sink", help="receive and discard flows")
     k.add_argument("--bind", default="0.0.0.0")
     k.add_argument("--port", type=int, default=TRAFFIC_PORT)

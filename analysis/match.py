@@ -466,6 +466,31 @@ def load_checks(run: RunData) -> list[dict]:
                           AGREE if ok else DISAGREE,
                           f"flow {i} offered {_mbit(offered)} of {_mbit(asked)} Mbit/s "
                           f"({offered / asked:.1%}; tolerance {LOAD_TOLERANCE:.0%})" if asked else "no rate"))
+    return out + switch_load_checks(run)
+
+
+def switch_load_checks(run: RunData) -> list[dict]:
+    """A second observer of each traffic host's flows: the payload the switch's port received
+    from the host (the only sender there) against the bytes its senders handed the kernel,
+    within the same tolerance. TCP may be above (retransmissions), never below."""
+    flows = run.experiment.congestion.background
+    by_host: dict[str, list[int]] = {}
+    for i, got in sorted(run.background_load.items()):
+        by_host.setdefault(got["host"], []).append(i)
+    out = []
+    for host, idx in by_host.items():
+        protocols = {flows[i].protocol for i in idx if i < len(flows)}
+        at_switch = run.switch_port_payload(host, "udp" if protocols == {"udp"} else "tcp")
+        if at_switch is None:
+            continue
+        sent = sum(run.background_load[i]["bytes"] for i in idx)
+        low, high = (1 - LOAD_TOLERANCE) * sent, (1 + LOAD_TOLERANCE) * sent if protocols == {"udp"} else float("inf")
+        ok = low <= at_switch <= high
+        label = ", ".join(f"flow {i}" for i in idx)
+        out.append(_check(f"background bytes = switch port in ({host})", f"switch port {run.hosts[host]['port']} RX",
+                          sent, at_switch, AGREE if ok else DISAGREE,
+                          f"{label}: senders handed the kernel {sent} bytes, the switch received {at_switch} "
+                          f"({at_switch / sent:.1%}; tolerance {LOAD_TOLERANCE:.0%})" if sent else "nothing sent"))
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from trimlab import rundir
+from trimlab import rundir, wire
 from trimlab.analysis import pcap
 from trimlab.analysis.topology import Topology, qualified
 from trimlab.codec import get_codec
@@ -258,21 +258,41 @@ class RunData:
     @cached_property
     def background_load(self) -> dict[int, dict]:
         """Each background flow's closing summary (sender side), by flow index: the rate
-        asked (rate_bps), bytes, the time it was on (on_s) and what it offered (offered_bps)."""
+        asked (rate_bps), bytes, the time it was on (on_s), what it offered (offered_bps) and
+        the host that sent it; with its sink's count where the sink finished (received_bytes,
+        received_packets: what came through the switch, trims and drops taken off)."""
         out = {}
-        for log in sorted((self.path / rundir.LOGS).glob(rundir.log_file("*", "traffic*"))):
-            flow = log.stem.rsplit("traffic", 1)[-1]
+        for flow, host, ev in self._summaries("traffic"):
+            if ev.get("role") == "send" and "offered_bps" in ev:
+                out[flow] = ev | {"host": host}
+        for flow, _, ev in self._summaries("sink"):
+            if ev.get("role") == "sink" and flow in out:
+                out[flow] |= {"received_bytes": ev["bytes"], "received_packets": ev.get("packets")}
+        return out
+
+    def switch_port_payload(self, host: str, protocol: str) -> int | None:
+        """The payload bytes the switch's port received from `host` over the run (its RX
+        counters less each frame's headers); None where the switch does not count them."""
+        port = self.hosts.get(host, {}).get("port")
+        got = ((self.counters or {}).get("ports") or {}).get(port) or {}
+        if "RX_BYTES" not in got:
+            return None
+        ipv6 = bool(self.cfg and self.cfg.transport.ipv6)
+        per = wire.ETH_LEN + (wire.ip_udp_overhead(ipv6) if protocol == "udp" else (40 if ipv6 else 20) + 32)
+        return max(0, got["RX_BYTES"] - got["RX_PKTS"] * per)
+
+    def _summaries(self, kind: str):
+        """(flow, host, summary) of every `kind`<flow> agent's log (traffic, sink)."""
+        for log in sorted((self.path / rundir.LOGS).glob(rundir.log_file("*", f"{kind}*"))):
+            host, _, flow = log.stem.rpartition(f"-{kind}")
             if not flow.isdigit():
                 continue
             for line in log.read_text().splitlines():
                 if line.startswith("{") and '"summary"' in line:
                     try:
-                        ev = json.loads(line)
+                        yield int(flow), host, json.loads(line)
                     except ValueError:
                         continue
-                    if ev.get("role") == "send" and "offered_bps" in ev:
-                        out[int(flow)] = ev
-        return out
 
     @cached_property
     def traffic_events(self) -> pd.DataFrame:

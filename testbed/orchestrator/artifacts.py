@@ -54,6 +54,24 @@ def collect(run: RunDir, fleet: remote.Fleet, remote_dirs: dict[str, str], remot
         run.record(collect_errors=errors)
 
 
+def background_flow(data: RunData, i: int) -> dict:
+    """One background flow as three observers saw it: asked, offered by its sender (bytes over
+    its on-time), received by the switch's port from its host (where the switch counts it and
+    the flow is its host's only one) and by its sink (after the switch's trims and drops)."""
+    f = data.background_load[i]
+    rate = lambda n: round(n * 8 / f["on_s"]) if f["on_s"] > 0 else 0  # noqa: E731
+    out = {"requested_bps": f["rate_bps"], "offered_bps": f["offered_bps"], "on_s": f["on_s"],
+           "ratio": round(f["offered_bps"] / f["rate_bps"], 4), "paced_by": f.get("paced_by", "user space")}
+    alone = [j for j, g in data.background_load.items() if g["host"] == f["host"]] == [i]
+    flow = data.experiment.congestion.background[i] if i < len(data.experiment.congestion.background) else None
+    at_switch = data.switch_port_payload(f["host"], flow.protocol) if alone and flow else None
+    if at_switch is not None:
+        out["at_switch_bps"] = rate(at_switch)
+    if "received_bytes" in f:
+        out["received_bps"] = rate(f["received_bytes"])
+    return out
+
+
 def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Done], t0: float) -> dict:
     """The run's outcome from what was collected; RunFailed if the models diverged."""
     agents = run.path / rundir.AGENTS
@@ -64,10 +82,8 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
     if counters is not None:
         out["switch"] = counters["switch"]
     if data.background_load:  # what each background flow offered, against what it was asked
-        out["background"] = {str(i): {"requested_bps": f["rate_bps"], "offered_bps": f["offered_bps"],
-                                      "on_s": f["on_s"], "ratio": round(f["offered_bps"] / f["rate_bps"], 4),
-                                      "paced_by": f.get("paced_by", "user space")}
-                             for i, f in sorted(data.background_load.items()) if f.get("rate_bps")}
+        out["background"] = {str(i): background_flow(data, i) for i, f in sorted(data.background_load.items())
+                             if f.get("rate_bps")}
     for rank, w in enumerate(p.workers):  # a DDP script without the hook (comm gloo): its last line
         if w.name not in finals and rank in script_results and script_results[rank].checksum:
             done = script_results[rank]

@@ -175,12 +175,13 @@ class Execution:
         sink = self.p.sink
         dst = self.p.addr(sink, self.spec.transport.ipv6)
         for i, f in enumerate(flows):
-            self.start(sink.name, "sink", launch.sink(self.p, i, f, dst), essential=False,
+            self.start(sink.name, f"sink{i}", launch.sink(self.p, i, f, dst), essential=False,
                        on_line=self.monitor.readiness(f"sink{i}-{sink.name}"))
         self.monitor.wait_ready("traffic sink")
         for i, f in enumerate(flows):
             src = self.p.traffic[i % len(self.p.traffic)]
-            self.start(src.name, f"traffic{i}", launch.traffic(self.p, src.name, i, f, dst), essential=False)
+            self.start(src.name, f"traffic{i}", launch.traffic(self.p, src.name, i, f, dst, self.cfg.mtu),
+                       essential=False)
 
     def start_training(self) -> None:
         on_line = self.monitor.on_training_line

@@ -3,6 +3,7 @@ only place that knows how an agent is started on a host."""
 
 from __future__ import annotations
 
+from trimlab import wire
 from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
 from trimlab.testbed.orchestrator.placement import Placement, ddp_script
 from trimlab.testbed.inventory import SwitchEntry
@@ -54,11 +55,17 @@ def sink(p: Placement, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
                   "--protocol", flow.protocol)
 
 
-def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
+def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dst: str, mtu: int) -> list[str]:
+    """One background flow. Its datagrams fill the MTU: the kernel's cost is per packet, so a
+    jumbo-frame rack carries six times the load for the same CPU. On a virtual rack the
+    host NIC is ours (an htb class of its own shapes the flow) and the sender runs at the
+    highest priority: it stands in for a lab's dedicated traffic host, and the trainers
+    sharing its cores must not take its rate."""
+    size = mtu - wire.ip_udp_overhead(":" in dst)
     return _agent(p, host, "traffic", "send", "--dst", dst, "--port", str(TRAFFIC_PORT + i), "--rate", flow.rate,
                   "--dscp", str(flow.dscp), "--protocol", flow.protocol, "--pattern", flow.pattern,
-                  "--on-ms", str(flow.on_ms), "--off-ms", str(flow.off_ms),
-                  *(["--kernel-shaping"] if p.rack.virtual else []))  # the rack's host NIC is ours
+                  "--on-ms", str(flow.on_ms), "--off-ms", str(flow.off_ms), "--size", str(size),
+                  *(["--kernel-shaping", "--nice", "-20"] if p.rack.virtual else []))
 
 
 def worker(p: Placement, host: str, rank: int, config: str, out: str) -> list[str]:

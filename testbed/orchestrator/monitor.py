@@ -19,7 +19,7 @@ from trimlab.testbed.orchestrator.placement import RunFailed
 @dataclass
 class Agent:
     host: str
-    kind: str  # worker | ps | capture | traffic<i> | sink | sampler
+    kind: str  # worker | ps | capture | traffic<i> | sink<i> | sampler
     proc: remote.RemoteProcess
     essential: bool  # its failure fails the run
 

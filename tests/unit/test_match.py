@@ -159,6 +159,45 @@ def test_a_background_flow_that_fell_short_disagrees_and_says_by_how_much(tmp_pa
     assert chk["offered load = requested (flow 2)"]["status"] == match.DISAGREE
 
 
+def with_traffic_port(path, rx_packets: int, rx_bytes: int) -> RunData:
+    """Record the traffic host's switch port (Ethernet12) and what it received over the run."""
+    m = json.loads((path / "manifest.json").read_text())
+    m["hosts"]["s-tr1"] = {"role": "traffic", "data_ipv4": "198.19.0.15", "switch": "sw", "switch_port": "Ethernet12"}
+    (path / "manifest.json").write_text(json.dumps(m))
+    for name, (pkts, nbytes) in (("before", (5, 300)), ("after", (5 + rx_packets, 300 + rx_bytes))):
+        f = path / "switch" / f"counters_{name}.json"
+        doc = json.loads(f.read_text())
+        doc["ports"]["Ethernet12"] = {"RX_PKTS": pkts, "RX_BYTES": nbytes}
+        f.write_text(json.dumps(doc))
+    return RunData.open(path)
+
+
+def test_the_switch_port_is_a_second_observer_of_each_traffic_hosts_load(tmp_path):
+    """The bytes the traffic host's senders handed the kernel against the payload the
+    switch's port received from that host (its RX counters less each frame's Ethernet, IP
+    and UDP headers): equal agrees; a sender that counted datagrams its own host never put
+    on the wire disagrees. The manifest's flow says what each observer saw."""
+    from trimlab.testbed.orchestrator.artifacts import background_flow
+    path = Synth(trims=dict(TRIMS), drops=set(DROPS)).write(tmp_path / "run")
+    m = json.loads((path / "manifest.json").read_text())
+    m["spec"]["congestion"]["background"] = [{"rate": "14mbit"}]
+    (path / "manifest.json").write_text(json.dumps(m))
+    (path / "logs" / "s-tr1-traffic0.log").write_text(json.dumps(
+        {"event": "summary", "role": "send", "bytes": 3_500_000, "on_s": 2.0, "rate_bps": 14e6,
+         "offered_bps": 14e6, "paced_by": "htb 1:bb80"}) + "\n")
+    (path / "logs" / "s-ps1-sink0.log").write_text(json.dumps(
+        {"event": "summary", "role": "sink", "bytes": 3_000_000, "packets": 2500}) + "\n")
+    frame = 1400 + 14 + 28  # the datagrams the sender sent, as frames
+    run = with_traffic_port(path, 2500, 2500 * frame)
+    c = {c["check"]: c for c in match.load_checks(run)}["background bytes = switch port in (s-tr1)"]
+    assert c["status"] == match.AGREE and c["observed"] == 3_500_000, c
+    flow = background_flow(run, 0)
+    assert flow["offered_bps"] == flow["at_switch_bps"] == 14e6 and flow["received_bps"] == 12e6, flow
+    short = with_traffic_port(path, 1250, 1250 * frame)  # half of it never reached the switch
+    c = {c["check"]: c for c in match.load_checks(short)}["background bytes = switch port in (s-tr1)"]
+    assert c["status"] == match.DISAGREE and c["detail"].startswith("flow 0: senders handed the kernel 3500000 bytes"), c
+
+
 def test_the_hooks_pacing_is_measured_on_the_wire(tmp_path):
     """Each worker's pacing, from its own capture (every step's packets, first to last),
     against the rate asked: the synthetic senders' packets leave 100 µs apart, so 50 Mbit/s

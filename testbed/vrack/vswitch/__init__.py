@@ -418,11 +418,22 @@ class VSwitch:
                 out[port] = rows
         return out
 
+    def rx_counters(self) -> dict[str, dict[str, int]]:
+        """Per port, what it received from its host (RX_PKTS, RX_BYTES: frames, Ethernet
+        header included, as SONiC's port counters count them): the kernel's own counters of
+        the port's interface, independent of the program."""
+        links = json.loads(_sh("ip", "-j", "-s", "link", "show", ns=self.ns).stdout)
+        stats = {ln["ifname"]: ln.get("stats64", ln.get("stats", {})).get("rx", {}) for ln in links}
+        return {p: {"RX_PKTS": int(stats.get(p, {}).get("packets", 0)), "RX_BYTES": int(stats.get(p, {}).get("bytes", 0))}
+                for p in self.ports}
+
     def counters(self) -> dict:
-        """Switch, port and queue level counters (sums of the queue counters)."""
+        """Switch, port and queue level counters (sums of the queue counters; the ports'
+        received counters from their interfaces)."""
         queues = self.queue_counters()
+        rx = self.rx_counters()
         ports = {p: {c: sum(r[c] for r in rows) for c in COUNTERS}
-                 | {"PEAK_OCCUPANCY": max(r["PEAK_OCCUPANCY"] for r in rows)} for p, rows in queues.items()}
+                 | {"PEAK_OCCUPANCY": max(r["PEAK_OCCUPANCY"] for r in rows)} | rx[p] for p, rows in queues.items()}
         switch = {c: sum(p[c] for p in ports.values()) for c in COUNTERS}
         return {"switch": switch, "ports": ports, "queues": queues}
 
