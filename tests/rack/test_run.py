@@ -189,7 +189,8 @@ def test_background_load_is_measured_and_a_starved_flow_is_named(tmp_path):
     """Two background flows into the ps's port while two workers train: the one left alone
     offers its rate (within the check's 3 %); the other is starved on purpose (its sender
     stopped with SIGSTOP for half of the training, then resumed), and the check, the
-    manifest and the run's summary line all say by how much it fell short."""
+    manifest and the run's summary line all say by how much it fell short, while the switch's
+    port counted what both senders sent."""
     spec = write_spec(tmp_path, name="load", rack={"virtual": {**SPEC["rack"]["virtual"], "traffic_hosts": 1}},
                       workload={**SPEC["workload"], "steps": 40},
                       congestion={"incast": True, "background": [{"rate": "20mbit"}, {"rate": "20mbit"}]})
@@ -247,4 +248,8 @@ def test_background_load_is_measured_and_a_starved_flow_is_named(tmp_path):
     short = checks["offered load = requested (flow 1)"]
     assert short["status"] == "disagree" and short["detail"].startswith("flow 1 offered "), short
     assert re.search(r"flow 1 offered [\d.]+ of 20\.0 Mbit/s \(\d+%\): the load fell short", out), out[-2000:]
+    # the switch's port is the second observer: it received what both senders handed their kernel
+    (sw,) = [c for n, c in checks.items() if n.startswith("background bytes = switch port in")]
+    assert sw["status"] == "agree", sw
+    assert all(f["received_bps"] > 0 for f in bg.values()), bg  # and the sink, the third
     assert_nothing_left(manifest(run_dir)["rack_id"], run_dir.name)
