@@ -10,7 +10,7 @@ import ipaddress
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -138,6 +138,8 @@ class InjectionSpec(BaseModel):
     probability: float = Field(0.0, ge=0.0, le=1.0)
     action: Literal["trim", "drop"] = "trim"
     seed: int = Field(0, ge=0, lt=1 << 32)
+    queues: list[Annotated[int, Field(ge=0, le=7)]] = Field(
+        default_factory=list, description="the queues it reaches (default: those whose action is trim)")
 
 
 class TrimProfile(BaseModel):
@@ -406,6 +408,10 @@ class ExperimentSpec(_Strict):
         if self.congestion.background and self.rack.virtual and not self.rack.virtual.traffic_hosts:
             raise SpecError("congestion.background: needs rack.virtual.traffic_hosts >= 1 (the host "
                             "that sends the flows)")
+        gloo = self.workload.kind == "ddp" and self.workload.comm == "gloo"
+        if gloo and self.congestion.inject_probability and self.congestion.inject_action == "trim":
+            raise SpecError("congestion.inject_action=trim: gloo's TCP segments cannot be trimmed usefully (the "
+                            "receiver's kernel drops a cut segment); inject drops for workload.comm=gloo")
         if self.workload.kind == "ddp" and self.topology != "sharded":
             raise SpecError("workload.kind=ddp: set topology: sharded (the DDP hook reduce-scatters every "
                             "bucket among the workers; there is no ps)")

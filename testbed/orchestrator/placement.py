@@ -143,6 +143,8 @@ def effective_profile(spec: ExperimentSpec):
         data["buffer"]["queue_bytes"] = spec.rack.virtual.buffer_bytes
     c = spec.congestion
     data["injection"] = {"probability": c.inject_probability, "action": c.inject_action, "seed": spec.seed}
+    if spec.workload.kind == "ddp" and spec.workload.comm == "gloo":  # gloo's TCP: DSCP 0, a queue that drops
+        data["injection"]["queues"] = [prof.tc_of(0)]
     return type(prof).model_validate(data)
 
 

@@ -1,6 +1,7 @@
 """Helpers that run inside a rack namespace (python -m tests.rack.nsrun CMD ...):
 send scapy-built packets, or receive UDP and print what arrived as JSON."""
 
+import fcntl
 import json
 import os
 import select
@@ -106,10 +107,53 @@ def udp_receive(v6: str, port: int = 47001, idle: float = 1.5, ready: str = "", 
     print(json.dumps(got))
 
 
+def tcp_sink(port: int, tos: int) -> None:
+    """Accept one TCP connection and read it to its end; the listener and the connection
+    send on `tos` (their ACKs' class). Prints "listening", then the bytes read."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    srv.bind(("0.0.0.0", port))
+    srv.listen(1)
+    print("listening", flush=True)
+    c, _ = srv.accept()
+    c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    got = 0
+    while data := c.recv(1 << 16):
+        got += len(data)
+    print(got, flush=True)
+
+
+def _total_retrans(s: socket.socket) -> int:
+    return int.from_bytes(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[100:104], "little")  # tcpi_total_retrans
+
+
+def tcp_send(dst: str, port: int, size: int, tos: int = 0) -> None:
+    """Connect, print "connected", wait for a line on stdin, send `size` bytes and wait until
+    every one is acknowledged (nothing left in the send queue), then print the segments
+    this connection retransmitted meanwhile (TCP_INFO), and wait for a line before closing:
+    the data phase alone, without the handshake's or the close's segments."""
+    s = socket.create_connection((dst, port))
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    print("connected", flush=True)
+    sys.stdin.readline()
+    before = _total_retrans(s)
+    s.sendall(b"\0" * size)
+    outq = bytearray(4)
+    while True:  # SIOCOUTQ: bytes not yet acknowledged
+        fcntl.ioctl(s.fileno(), 0x5411, outq)
+        if not int.from_bytes(outq, "little"):
+            break
+        time.sleep(0.001)
+    print(_total_retrans(s) - before, flush=True)
+    sys.stdin.readline()
+    s.close()
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     fn = {"send": send, "udp_burst": udp_burst, "udp_flows": udp_flows, "gso_burst": gso_burst, "udp_receive": udp_receive,
-          "send_payloads": send_payloads}[cmd]
+          "send_payloads": send_payloads, "tcp_sink": tcp_sink, "tcp_send": tcp_send}[cmd]
     kwargs = dict(a.split("=", 1) for a in args)
     for k in ("count", "size", "tos", "dscp", "port", "tag"):
         if k in kwargs:

@@ -20,7 +20,7 @@ TOS = (10 << 2) | 1  # DSCP 10 (AF11: queue 1, trimmable) with ECN ECT(1)
 
 
 def fragment(ports, size=128, action="trim", budget=65536, trim_budget=65536, p=0.0, inject="trim",
-             dscp_value=48, queue_index=7, seed=0):
+             dscp_value=48, queue_index=7, seed=0, inject_queues=""):
     """Queue 1 (DSCP 8-15) with `action` and `budget` on every port, trimmed packets on
     `queue_index` with `trim_budget`, injection p."""
     ports = ",".join(ports.ports if hasattr(ports, "ports") else ports)
@@ -30,7 +30,8 @@ def fragment(ports, size=128, action="trim", budget=65536, trim_budget=65536, p=
         "BUFFER_PROFILE": {"q_grad": {"static_th": str(budget), "packet_discard_action": action},
                            "q_trimmed": {"static_th": str(trim_budget), "packet_discard_action": "drop"}},
         "BUFFER_QUEUE": {f"{ports}|1": {"profile": "q_grad"}, f"{ports}|{queue_index}": {"profile": "q_trimmed"}},
-        "TRIMLAB_INJECT": {"GLOBAL": {"probability": str(p), "action": inject, "seed": str(seed)}},
+        "TRIMLAB_INJECT": {"GLOBAL": {"probability": str(p), "action": inject, "seed": str(seed),
+                                      **({"queues": inject_queues} if inject_queues else {})}},
     }
 
 
@@ -290,6 +291,45 @@ def test_deterministic_injection_pairs_trim_and_drop_runs(rack4, sw, tmp_path):
     kept_in_drop_run = {ident(g) for g in drop_got}
     assert kept_in_drop_run.isdisjoint(trimmed) and len(kept_in_drop_run) + len(trimmed) == len(pays)
     assert trim_c["TRIM_PKTS"] == len(trimmed) and drop_c["DROP_PKTS"] == len(trimmed)
+
+
+def test_injection_reaches_tcp_on_its_own_class_and_every_drop_is_retransmitted(rack4, sw):
+    """gloo's stand-in: TCP on DSCP 0 (queue 0, a queue that drops) with injection told to
+    reach queue 0 only. Every data segment the switch dropped is one segment TCP
+    retransmitted (the connection's own count, TCP_INFO), over the data phase alone; the
+    receiver's ACKs travel on DSCP 46 (a queue injection does not reach), and tail-loss
+    probes are off on the sender, so no retransmission is spurious."""
+    ps, w1 = host(rack4, "ps1"), host(rack4, "w1")
+    sw.apply(fragment(rack4, p=0.05, inject="drop", seed=7, inject_queues="0"))
+    assert sw.read().inject_queues == [0]
+    sysctl = ["ip", "netns", "exec", w1.ns, "sysctl"]
+    was = subprocess.run([*sysctl, "-n", "net.ipv4.tcp_early_retrans"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    subprocess.run([*sysctl, "-qw", "net.ipv4.tcp_early_retrans=0"], check=True)
+    sink = ns_python(rack4, "ps1", "tcp_sink", "port=47100", f"tos={46 << 2}")
+    send = None
+    try:
+        assert sink.stdout.readline().strip() == "listening"
+        send = ns_python(rack4, "w1", "tcp_send", f"dst={ps.data_ipv4}", "port=47100", "size=3000000",
+                         stdin=subprocess.PIPE)
+        assert send.stdout.readline().strip() == "connected"
+        before = sw.counters()
+        send.stdin.write("go\n")
+        send.stdin.flush()
+        retransmitted = int(send.stdout.readline())
+        q = delta(before, sw.counters())["queues"][PS_PORT]
+        send.stdin.write("close\n")
+        send.stdin.flush()
+        assert send.wait(timeout=60) == 0, send.stderr.read()
+        assert int(sink.communicate(timeout=60)[0].strip()) == 3_000_000
+    finally:
+        for proc in (send, sink):
+            if proc and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        subprocess.run([*sysctl, "-qw", f"net.ipv4.tcp_early_retrans={was}"], check=True)
+    assert q[0]["DROP_PKTS"] > 0 and q[0]["TRIM_PKTS"] == 0
+    assert q[0]["DROP_PKTS"] == retransmitted, (q[0], retransmitted)
 
 
 @pytest.mark.parametrize("bad,msg", [

@@ -103,6 +103,8 @@ MALFORMED = [
     ({"transport": {"dscp": 24}}, r"transport.dscp=24: maps to queue 3, which profile default does not trim \(eligible_queues \[1\]\)"),
     ({"transport": {"control_dscp": 12}}, "transport.control_dscp=12: maps to trimmable queue 1 of profile default"),
     ({"profile": "sonic-default"}, "transport.dscp=10: maps to queue 1, which profile sonic-default does not trim"),
+    ({"topology": "sharded", "workload": {"kind": "ddp", "comm": "gloo"}, "congestion": {"inject_probability": 0.1}},
+     "congestion.inject_action=trim: gloo's TCP segments cannot be trimmed usefully"),
     ({"topology": "ring"}, "topology: must be one of 'ps' or 'sharded'"),
     ({"topology": "sharded", "rack": {"virtual": {"workers": 1}}}, "topology=sharded: needs rack.virtual.workers >= 2"),
     ({"workload": {"momentum": 1.0}}, "workload.momentum: Input should be less than 1"),

@@ -92,3 +92,15 @@ def test_ddp_ranks_meet_where_their_traffic_goes(rack, comm):
         assert env["MASTER_ADDR"] == "192.0.2.102" and "GLOO_SOCKET_IFNAME" not in env  # a lab: its own routes
         assert argv[argv.index("--comm") + 1] == "trimlab"
     assert "OMP_NUM_THREADS" not in env  # a lab host's cores are its own
+
+
+def test_injection_reaches_gloos_tcp_on_its_own_class():
+    """With comm gloo the switch's injection reaches DSCP 0's queue (gloo's TCP), not the
+    trimming queues, which carry nothing of gloo's; with the hook it stays on those."""
+    from trimlab.testbed.orchestrator.placement import effective_profile
+    gloo = spec(topology="sharded", workload={"kind": "ddp", "comm": "gloo"},
+                congestion={"inject_probability": 0.1, "inject_action": "drop"})
+    assert effective_profile(gloo).injection.queues == [0]
+    hook = spec(topology="sharded", workload={"kind": "ddp"}, congestion={"inject_probability": 0.1})
+    assert effective_profile(hook).injection.queues == []
+

@@ -9,7 +9,7 @@ import pytest
 
 from trimlab import resources
 from trimlab.errors import SpecError
-from trimlab.spec import TrimProfile, load_profile
+from trimlab.spec import InjectionSpec, TrimProfile, load_profile
 from trimlab.testbed.targets import TARGETS, Port, get_target
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -127,6 +127,26 @@ def test_vswitch_rendering_is_what_the_virtual_switch_reads():
     cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
     assert (cfg.size, cfg.dscp_value, cfg.queue_index) == (128, 48, 6)
     assert cfg.actions["Ethernet0"][3] == "trim" and cfg.budgets["Ethernet0"][6] == 65536
+
+
+def test_injection_can_be_told_which_queues_it_reaches():
+    """By default injection reaches the trimming queues; `injection.queues` names others
+    (gloo's TCP on DSCP 0, a queue that drops): rendered, read back, and checked."""
+    from trimlab.testbed.vrack.vswitch import default_config, parse_config_db
+    ports = ["Ethernet0"]
+    prof = load_profile("default").model_copy(update={"injection": InjectionSpec(probability=0.1, action="drop",
+                                                                                  queues=[0])})
+    r = get_target("vswitch").render(prof, [Port("Ethernet0")])
+    assert r.config["TRIMLAB_INJECT"]["GLOBAL"]["queues"] == "0"
+    cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
+    assert cfg.inject_queues == [0] and cfg.to_config_db()["TRIMLAB_INJECT"] == r.config["TRIMLAB_INJECT"]
+    plain = get_target("vswitch").render(load_profile("default"), [Port("Ethernet0")])
+    assert "queues" not in plain.config["TRIMLAB_INJECT"]["GLOBAL"]
+    assert parse_config_db(plain.config, ports, default_config(ports, 1000), mtu=1500).inject_queues == []
+    with pytest.raises(SpecError, match=r"TRIMLAB_INJECT\|GLOBAL.queues: 9 is out of range \(0..7\)"):
+        parse_config_db({"TRIMLAB_INJECT": {"GLOBAL": {"queues": "0,9"}}}, ports, default_config(ports, 1000), 1500)
+    with pytest.raises(ValueError, match="queues"):
+        InjectionSpec(queues=[8])
 
 
 def test_asymmetric_profile_gives_each_port_the_dscp_of_its_facing():

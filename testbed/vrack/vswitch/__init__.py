@@ -37,7 +37,7 @@ MAX_IFINDEX = 4096  # trim.c: port_of is an array indexed by ifindex
 ACTIONS = {"drop": 0, "trim": 1}
 COUNTERS = ("TX_PKTS", "TX_BYTES", "TRIM_PKTS", "TRIM_TX_PKTS", "TRIM_DRP_PKTS", "DROP_PKTS")
 _QSTATE = struct.Struct("<IIQQQQQQQQQ")  # lock, pad, occ, last_ns, peak, then COUNTERS order below
-_GCFG = struct.Struct("<10IQ")  # ... from_tc, flags, platform (catalog index), trimmed-DSCP mask
+_GCFG = struct.Struct("<12IQ")  # ... from_tc, flags, platform (catalog index), inject queues, pad, trimmed DSCPs
 _PORTCFG = struct.Struct("<Q8I8BBB6x")  # rate, budgets, actions, trimmed-packet DSCP, routed
 _U32 = struct.Struct("<I")
 
@@ -133,6 +133,7 @@ class SwitchConfig:
     inject_probability: float = 0.0
     inject_action: str = "trim"
     inject_seed: int = 0
+    inject_queues: list[int] = field(default_factory=list)  # the queues injection reaches ([]: the trimming ones)
     platform: str = platforms.VIRTUAL_DEFAULT  # the switch model it emulates (fixed at rack up)
 
     def port_trim_dscp(self, port: str) -> int:
@@ -166,7 +167,9 @@ class SwitchConfig:
             "BUFFER_QUEUE": queues,
             "PORT": {p: {"speed": str(s)} for p, s in self.speeds.items()},
             "TRIMLAB_INJECT": {"GLOBAL": {"probability": str(self.inject_probability),
-                                          "action": self.inject_action, "seed": str(self.inject_seed)}},
+                                          "action": self.inject_action, "seed": str(self.inject_seed),
+                                          **({"queues": ",".join(map(str, self.inject_queues))}
+                                             if self.inject_queues else {})}},
             "TRIMLAB_PLATFORM": {"GLOBAL": {"name": self.platform}},
         }
 
@@ -319,6 +322,8 @@ def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int
         cfg.inject_action = inj["action"]
     if "seed" in inj:
         cfg.inject_seed = _int(inj["seed"], "TRIMLAB_INJECT|GLOBAL.seed", 0, (1 << 32) - 1)
+    if inj.get("queues"):
+        cfg.inject_queues = sorted(set(_queue_list(str(inj["queues"]), "TRIMLAB_INJECT|GLOBAL.queues")))
     return cfg
 
 
@@ -353,15 +358,17 @@ class VSwitch:
             m.update(0, _GCFG.pack(1, cfg.size, cfg.dscp_value, cfg.queue_index, p32,
                                    ACTIONS[cfg.inject_action], cfg.inject_seed,
                                    0 if cfg.tc_value is None else cfg.tc_value + 1,  # gcfg.from_tc
-                                   plat.flags, list(platforms.catalog()).index(plat.name), cfg.trimmed_dscps()))
+                                   plat.flags, list(platforms.catalog()).index(plat.name),
+                                   sum(1 << q for q in cfg.inject_queues), 0, cfg.trimmed_dscps()))
 
     def read(self) -> SwitchConfig:
         with self._map("config", _GCFG.size) as m:
-            enabled, size, dscp, qidx, p32, inj_act, seed, tc1, _, plat, _ = _GCFG.unpack(m.lookup(0))
+            enabled, size, dscp, qidx, p32, inj_act, seed, tc1, _, plat, inj_q, _, _ = _GCFG.unpack(m.lookup(0))
         names = {v: k for k, v in ACTIONS.items()}
         cfg = SwitchConfig(size=size, dscp_value=dscp, queue_index=qidx, tc_value=tc1 - 1 if tc1 else None,
                            inject_probability=p32 / (1 << 32), inject_action=names[inj_act],
-                           inject_seed=seed, platform=list(platforms.catalog())[plat])
+                           inject_seed=seed, inject_queues=[q for q in range(NQ) if inj_q >> q & 1],
+                           platform=list(platforms.catalog())[plat])
         with self._map("dscp_queue", 4) as m:
             cfg.dscp_to_queue = [_U32.unpack(m.lookup(d))[0] for d in range(64)]
         with self._map("ports", _PORTCFG.size) as m:

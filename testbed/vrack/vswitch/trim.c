@@ -63,6 +63,8 @@ struct gcfg {
 	__u32 from_tc;      // control plane only: from-tc's trim TC + 1 (0: dscp_value for every port)
 	__u32 flags;        // F_*: the emulated platform
 	__u32 platform;     // control plane only: the platform's catalog index
+	__u32 inject_queues;  // bit q: injection reaches queue q (0: every queue whose action is trim)
+	__u32 pad;
 	__u64 trimmed_dscps;  // bit d: DSCP d marks trimmed packets (F_TRIM_ONCE)
 };
 
@@ -248,7 +250,8 @@ int trimlab_egress(struct __sk_buff *skb)
 			if (bpf_skb_load_bytes(skb, l3 + n, id, 8) == 0)  // ports + next 4 bytes
 				h = mix32(mix32(h, *(__u32 *)id), *(__u32 *)&id[4]);
 		}
-		if (fmix32(h) < cfg->inject_p && action == ACT_TRIM)
+		int reaches = cfg->inject_queues ? (cfg->inject_queues >> queue) & 1 : action == ACT_TRIM;
+		if (fmix32(h) < cfg->inject_p && reaches)
 			forced = 1;
 	}
 
