@@ -68,25 +68,28 @@ def _mix(*values: int) -> int:
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
-def make_model(kind: str, in_shape=IMAGE, classes: int = 10) -> nn.Module:
+def make_model(kind: str, in_shape=IMAGE, classes: int = 10, width: int | None = None) -> nn.Module:
+    """`width`: the hidden layer's units (mlp, default 128), each 1-D conv's channels (cnn
+    on sequences, default 25: MNIST-1D's CNN), the first 2-D conv's channels (cnn on
+    images, default 16; the second has twice as many)."""
     if kind == "mlp":
-        n = 1
+        n, h = 1, width or 128
         for d in in_shape:
             n *= d
-        return nn.Sequential(nn.Flatten(), nn.Linear(n, 128), nn.ReLU(), nn.Linear(128, classes))
+        return nn.Sequential(nn.Flatten(), nn.Linear(n, h), nn.ReLU(), nn.Linear(h, classes))
     if kind == "cnn" and len(in_shape) == 2:  # sequences (channels, length): MNIST-1D's CNN shape
-        c, n = in_shape
+        (c, n), k = in_shape, width or 25
         for _ in range(3):
             n = (n + 2 - 5) // 2 + 1
-        return nn.Sequential(nn.Conv1d(c, 25, 5, stride=2, padding=1), nn.ReLU(),
-                             nn.Conv1d(25, 25, 5, stride=2, padding=1), nn.ReLU(),
-                             nn.Conv1d(25, 25, 5, stride=2, padding=1), nn.ReLU(),
-                             nn.Flatten(), nn.Linear(25 * n, classes))
+        return nn.Sequential(nn.Conv1d(c, k, 5, stride=2, padding=1), nn.ReLU(),
+                             nn.Conv1d(k, k, 5, stride=2, padding=1), nn.ReLU(),
+                             nn.Conv1d(k, k, 5, stride=2, padding=1), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(k * n, classes))
     if kind == "cnn":
-        c, h, w = in_shape
-        return nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), classes))
+        (c, h, w), k = in_shape, width or 16
+        return nn.Sequential(nn.Conv2d(c, k, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(k, 2 * k, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(2 * k * (h // 4) * (w // 4), classes))
     raise SpecError(f"workload.model={kind!r}: use mlp or cnn")
 
 
@@ -196,7 +199,8 @@ def build(workload: WorkloadConfig, seed: int) -> Workload:
         else:
             xtr, ytr, xte, yte = {"digits": _digits, "synthetic": _synthetic, "mnist1d": _mnist1d}[workload.kind](seed)
         torch.manual_seed(_mix(seed, "init"))
-        model = make_model(workload.model, tuple(xtr.shape[1:]), 100 if workload.kind == "cifar100" else 10)
+        model = make_model(workload.model, tuple(xtr.shape[1:]), 100 if workload.kind == "cifar100" else 10,
+                           workload.width)
     if not isinstance(model, nn.Module):
         raise SpecError(f"workload.factory: returned {type(model).__name__}, not a torch.nn.Module")
     return Workload(model, xtr, ytr, xte, yte)

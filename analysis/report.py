@@ -94,7 +94,8 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
            "load": " + ".join(f.rate for f in c.background) if c.background else "none",
            "codec": spec.codec.name, "topology": spec.topology,
            "inject_p": c.inject_probability, "action": c.inject_action,
-           "background_flows": len(c.background), "steps": wl.steps,
+           "background_flows": len(c.background), "steps": res.get("steps_done", wl.steps),
+           "time_limit": bool(res.get("time_limit")),
            "final_acc": res.get("test_acc"), "wall_s": res.get("wall_s"),
            "parameters_identical": res.get("parameters_identical")}
     sw = res.get("switch", {})

@@ -46,8 +46,12 @@ class WorkloadConfig(_Strict):
         "digits", description="what trains: a dataset with trimlab's agents, a custom model, or a DDP script (ddp)")
     data: Literal["digits", "mnist1d"] = Field("digits", description="ddp: the dataset the DDP script trains on")
     model: Literal["mlp", "cnn"] = Field("mlp", description="the model (cnn: 1-D for sequences)")
+    width: int | None = Field(None, ge=1, le=4096, description="the model's size: hidden units (mlp, default "
+                              "128), channels of each conv layer (cnn; default 25 on sequences, 16 on images)")
     steps: int = Field(100, ge=1, le=1_000_000, description="training steps")
     batch: int = Field(64, ge=1, le=65536, description="samples a worker takes each step")
+    time_limit_s: float | None = Field(None, gt=0, description="ddp: training stops at the first evaluation past "
+                                       "this many seconds (a point too slow to reach its target says so)")
     lr: float = Field(0.1, gt=0, le=10, description="SGD learning rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
     eval_every: int = Field(10, ge=1, description="test accuracy every N steps (and at the end)")
@@ -73,6 +77,11 @@ class WorkloadConfig(_Strict):
         if self.kind in ("cifar10", "cifar100") and not self.dataset:
             raise SpecError(f"workload.kind={self.kind} needs workload.dataset: the local directory holding "
                             "torchvision's CIFAR files (nothing is downloaded)")
+        if self.time_limit_s and self.kind != "ddp":
+            raise SpecError("workload.time_limit_s only applies to workload.kind=ddp (the DDP script stops its "
+                            "ranks together; trimlab's agents run every step)")
+        if self.width and self.kind == "custom":
+            raise SpecError("workload.width does not apply to workload.kind=custom (its factory builds the model)")
         if self.factory and self.kind != "custom":
             raise SpecError("workload.factory only applies to workload.kind=custom")
         if self.dataset and self.kind not in ("custom", "cifar10", "cifar100"):

@@ -33,7 +33,10 @@ def main() -> None:
                     help="mnist1d: trimlab's MNIST-1D workload (its data and model, the same for every contender)")
     ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     ap.add_argument("--eval-every", type=int, default=0, help="test accuracy every N steps (0: at the end only)")
-    ap.add_argument("--width", type=int, default=64, help="units per hidden layer")
+    ap.add_argument("--time-limit", type=float, default=0.0,
+                    help="seconds: stop at the first evaluation past this much training (every rank at the same step)")
+    ap.add_argument("--width", type=int, help="units per hidden layer (digits' mlp: default 64), or the "
+                    "mnist1d model's width (trimlab's workload.width)")
     ap.add_argument("--depth", type=int, default=1, help="hidden layers (2 × 1000 ≈ 1.1 M parameters)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: model and batches on the GPU (LOCAL_RANK's), DDP's buckets there too")
@@ -54,13 +57,13 @@ def main() -> None:
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
         cut = int(0.8 * len(x))
         (xtr, ytr), (xte, yte) = (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
-        sizes = [64] + [args.width] * args.depth
+        sizes = [64] + [args.width or 64] * args.depth
         layers = [m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
         model = nn.Sequential(*layers, nn.Linear(sizes[-1], 10))
     else:
         from trimlab.agents import workloads
         from trimlab.config import WorkloadConfig
-        wl = workloads.build(WorkloadConfig(kind=args.data, model=args.model), args.seed)
+        wl = workloads.build(WorkloadConfig(kind=args.data, model=args.model, width=args.width), args.seed)
         model, xtr, ytr, xte, yte = wl.model, wl.x_train, wl.y_train, wl.x_test, wl.y_test
     device = torch.device("cpu")
     if args.device == "cuda":  # ranks past the GPUs' count share them round-robin
@@ -85,7 +88,7 @@ def main() -> None:
         model.train()
         return acc
 
-    start = time.perf_counter()
+    start, done, over = time.perf_counter(), 0, False
     for step in range(args.steps):
         t0 = time.perf_counter()
         idx = torch.randint(len(xtr), (args.batch,), generator=g).to(device)
@@ -97,10 +100,17 @@ def main() -> None:
                 "step_s": round(time.perf_counter() - t0, 5), "t": round(time.perf_counter() - start, 4)}
         if args.eval_every and (step % args.eval_every == args.eval_every - 1 or step == args.steps - 1):
             line["test_acc"] = round(accuracy(), 5)  # not timed: `t` was taken before
+            if args.time_limit:  # the ranks' clocks differ: the first rank past the limit stops them all
+                flag = torch.tensor([float(time.perf_counter() - start >= args.time_limit)])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                over = bool(flag.item())
         say(line)
+        done = step + 1
+        if over:
+            break
     acc = accuracy()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
-    say({"event": "done", "rank": rank, "test_acc": round(acc, 5),
+    say({"event": "done", "rank": rank, "test_acc": round(acc, 5), "steps": done, "time_limit": over,
          "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]})
     if args.save:
         torch.save(model.state_dict(), args.save.format(rank=rank))

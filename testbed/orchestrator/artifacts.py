@@ -93,6 +93,10 @@ def results(run: RunDir, p: Placement, steps: int, script_results: dict[int, Don
         if f.test_acc is None and f.rank in script_results:
             f.test_acc = script_results[f.rank].test_acc
     out["workers"] = {n: {"test_acc": f.test_acc, "checksum": f.checksum} for n, f in workers.items()}
+    ran = {d.steps for d in script_results.values() if d.steps is not None}
+    if ran:  # a DDP script says how many steps it ran: fewer where its time limit stopped it
+        out["steps_done"] = min(ran)
+        out["time_limit"] = any(d.time_limit for d in script_results.values())
     checksums = {f.checksum for f in finals.values()}
     out["parameters_identical"] = len(checksums) == 1 and len(workers) == len(p.workers)
     ps = next((f for f in finals.values() if f.role == "ps"), None)

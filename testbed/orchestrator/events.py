@@ -30,6 +30,8 @@ class Done:
     rank: int | None
     checksum: str | None
     test_acc: float | None
+    steps: int | None = None  # the steps it ran (a DDP script: fewer where its time limit stopped it)
+    time_limit: bool = False
 
 
 Event = Listening | Step | Done
@@ -57,5 +59,6 @@ def parse(line: str) -> Event | None:
                     trimmed=int(ev.get("trimmed") or 0), test_acc=_number(ev.get("test_acc")))
     if kind == "done":
         return Done(role=ev.get("role"), rank=ev.get("rank"), checksum=ev.get("checksum"),
-                    test_acc=_number(ev.get("test_acc")))
+                    test_acc=_number(ev.get("test_acc")), steps=_number(ev.get("steps")),
+                    time_limit=bool(ev.get("time_limit")))
     return None

@@ -200,7 +200,10 @@ class Execution:
 
     def wait_training(self) -> None:
         steps = self.spec.workload.steps
-        budget = 120 + steps * (self.spec.transport.deadline_ms / 1e3 + 2)
+        per_step = self.spec.transport.deadline_ms / 1e3 + 2
+        budget = 120 + steps * per_step
+        if self.spec.workload.time_limit_s:  # it stops at the first evaluation past the limit
+            budget = min(budget, 120 + self.spec.workload.time_limit_s + self.spec.workload.eval_every * per_step)
         with TrainingView(self.console, steps) as view:
             self.monitor.wait_training(budget, self.t0, view)
 

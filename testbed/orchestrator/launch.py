@@ -97,4 +97,8 @@ def ddp(p: Placement, spec: ExperimentSpec, rank: int, config: str, out: str) ->
     argv = [p.python(w.name), ddp_script(spec), "--steps", str(wl.steps), "--batch", str(wl.batch),
             "--lr", str(wl.lr), "--seed", str(spec.seed), "--comm", "allreduce" if gloo else "trimlab",
             "--data", wl.data, "--model", wl.model, "--eval-every", str(wl.eval_every)]
+    if wl.width:
+        argv += ["--width", str(wl.width)]
+    if wl.time_limit_s:
+        argv += ["--time-limit", str(wl.time_limit_s)]
     return argv, env

@@ -195,6 +195,18 @@ def test_mnist1d_is_generated_cached_and_learnable(tmp_path, monkeypatch):
     assert wl.evaluate()[1] > 0.5  # ten classes: chance is 0.1
 
 
+@pytest.mark.parametrize("kind,shape,width,params", [
+    ("mlp", (1, 8, 8), None, 64 * 128 + 128 + 128 * 10 + 10),
+    ("mlp", (1, 8, 8), 32, 64 * 32 + 32 + 32 * 10 + 10),
+    ("cnn", (1, 40), None, 7460),  # MNIST-1D's CNN
+    ("cnn", (1, 40), 160, 263_690),  # ≥ 64 spans of 4096: the tolerance experiment's model
+    ("cnn", (3, 32, 32), 8, 3 * 8 * 9 + 8 + 8 * 16 * 9 + 16 + 16 * 8 * 8 * 10 + 10)])
+def test_the_models_width(kind, shape, width, params):
+    model = W.make_model(kind, shape, 10, width)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert model(torch.zeros(2, *shape)).shape == (2, 10)
+
+
 @pytest.mark.parametrize("kind,sub,train,test,label", [
     ("cifar10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
     ("cifar100", "cifar-100-python", ["train"], ["test"], b"fine_labels")])

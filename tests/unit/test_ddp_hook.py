@@ -38,7 +38,8 @@ def config(world: int, base: int) -> dict:
             "truth_every": 5, "workers": [{"name": f"w{i + 1}", "addr": f"127.0.{base}.{i + 1}"} for i in range(world)]}
 
 
-def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40, device: str = "cpu") -> list[dict]:
+def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40, device: str = "cpu",
+           extra=lambda rank: []) -> list[dict]:
     cfg_path = tmp / "agent.json"
     cfg_path.write_text(json.dumps(config(world, base)))
     port = free_port()
@@ -48,7 +49,8 @@ def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40
                             "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
                             "TRIMLAB_CONFIG": str(cfg_path), "TRIMLAB_OUT": str(tmp / f"w{r + 1}")}
         procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "--steps", str(steps), "--comm", comm,
-                                       "--device", device, "--save", str(tmp / f"{comm}-{{rank}}.pt")], cwd=ROOT, env=env,
+                                       "--device", device, "--save", str(tmp / f"{comm}-{{rank}}.pt"), *extra(r)],
+                                      cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for p in procs:
@@ -82,6 +84,18 @@ def test_hook_trains_identically_on_every_rank_and_matches_allreduce(tmp_path, d
     for phase in PHASES:  # every phase timed, every step
         assert (metrics[phase] >= 0).all() and metrics[phase].sum() > 0, phase
     assert sorted(p.name for p in (tmp_path / "w3" / "truth").iterdir())[0] == "step000000-rank2.npy"
+
+
+def test_a_time_limit_stops_every_rank_at_the_same_evaluation(tmp_path):
+    """Rank 1 alone is past its (tiny) limit at the first evaluation: every rank stops there,
+    says so, and holds the same parameters."""
+    def limit(rank):
+        return ["--eval-every", "3", "--time-limit", "1e-9" if rank == 1 else "1e9"]
+    done = launch(tmp_path, "allreduce", steps=12, extra=limit)
+    assert [(d["steps"], d["time_limit"]) for d in done] == [(3, True)] * 3
+    assert len({d["checksum"] for d in done}) == 1
+    full = launch(tmp_path, "allreduce", steps=4, extra=lambda rank: ["--eval-every", "3", "--time-limit", "1e9"])
+    assert [(d["steps"], d["time_limit"]) for d in full] == [(4, False)] * 3
 
 
 def test_from_env_errors(monkeypatch):

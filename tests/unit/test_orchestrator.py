@@ -92,6 +92,14 @@ def test_ddp_ranks_meet_where_their_traffic_goes(rack, comm):
         assert env["MASTER_ADDR"] == "192.0.2.102" and "GLOO_SOCKET_IFNAME" not in env  # a lab: its own routes
         assert argv[argv.index("--comm") + 1] == "trimlab"
     assert "OMP_NUM_THREADS" not in env  # a lab host's cores are its own
+    assert "--width" not in argv and "--time-limit" not in argv  # the script's defaults
+
+
+def test_the_ddp_script_gets_the_models_width_and_the_time_limit(rack):
+    s = spec(topology="sharded", workload={"kind": "ddp", "data": "mnist1d", "model": "cnn", "width": 160,
+                                           "time_limit_s": 90})
+    argv, _ = launch.ddp(place(rack, s), s, 0, "/r/agent.json", "/r/out")
+    assert argv[argv.index("--width") + 1] == "160" and argv[argv.index("--time-limit") + 1] == "90.0"
 
 
 def test_injection_reaches_gloos_tcp_on_its_own_class():
@@ -104,3 +112,12 @@ def test_injection_reaches_gloos_tcp_on_its_own_class():
     hook = spec(topology="sharded", workload={"kind": "ddp"}, congestion={"inject_probability": 0.1})
     assert effective_profile(hook).injection.queues == []
 
+
+
+def test_a_ddp_scripts_last_line_says_how_many_steps_it_ran():
+    from trimlab.testbed.orchestrator import events
+    done = events.parse('{"event": "done", "rank": 1, "test_acc": 0.9, "steps": 120, "time_limit": true, '
+                        '"checksum": "ab"}')
+    assert (done.rank, done.steps, done.time_limit, done.checksum) == (1, 120, True, "ab")
+    old = events.parse('{"event": "done", "rank": 0, "checksum": "ab"}')  # an agent's: no step count
+    assert old.steps is None and not old.time_limit

@@ -146,3 +146,6 @@ def test_a_run_summary_says_when_no_port_was_congested():
              "1": {"requested_bps": 19e6, "offered_bps": 18.8e6, "ratio": 0.9895, "on_s": 2.0}}
     said = progress.summary("p", base | {"switch": {"TRIM_PKTS": 5}, "background": flows}, "runs/p")
     assert "flow 0 offered 10.9 of 19.0 Mbit/s (57%): the load fell short" in said and "flow 1" not in said
+    assert "time limit" not in said
+    limited = progress.summary("p", base | {"steps": 400, "steps_done": 120, "time_limit": True}, "runs/p")
+    assert "stopped at its time limit after 120 of 400 steps" in limited
