@@ -233,7 +233,7 @@ def _trims_on_port(run: RunData, host: str, cap: pd.DataFrame | None) -> int | N
     if not flows or run.profile is None:
         return 0
     trim_dscps = run.profile.trimmed_dscps()
-    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if f.dscp not in trim_dscps}
+    ports = {TRAFFIC_PORT + i for i, f in enumerate(flows) if run.experiment.flow_dscp(f) not in trim_dscps}
     sel = (~cap["trimlab"]) & cap["dport"].isin(ports) & cap["dscp"].isin(trim_dscps)
     return int(sel.sum())
 

@@ -21,7 +21,7 @@ from trimlab import rundir
 from trimlab.analysis import figures, match
 from trimlab.analysis.rundata import RunData, RunDataError
 from trimlab.errors import TrimlabError
-from trimlab.spec import CongestionSpec
+from trimlab.spec import CodecSpec, CongestionSpec
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222}
@@ -89,7 +89,7 @@ def summary(run: RunData, rows: pd.DataFrame | None) -> dict:
     comm = wl.comm if wl.kind == "ddp" else "trimlab"
     out = {"run": m.name, "point": rundir.point_of(m.name),
            "seed": spec.seed, "status": m.status, "reason": m.reason,
-           "comm": comm, "contender": contender(comm, spec.codec.name, c,
+           "comm": comm, "contender": contender(comm, codec_label(spec.codec), c,
                                                 run.profile.discard_action if run.profile else "trim"),
            "load": " + ".join(f.rate for f in c.background) if c.background else "none",
            "codec": spec.codec.name, "topology": spec.topology,
@@ -136,6 +136,11 @@ def congestion(run: RunData) -> dict:
         full = occ[occ["OCCUPANCY"] + frame > budget].groupby(["port", "queue"]).size()
         out["full_s"] = round(float(full.max()) * step, 3) if len(full) else 0.0
     return out
+
+
+def codec_label(codec: CodecSpec) -> str:
+    """The codec's name, `_unrotated` where a rotated codec was told not to rotate."""
+    return codec.name + ("_unrotated" if codec.params.get("rotate") is False else "")
 
 
 def contender(comm: str, codec: str | None, congestion: CongestionSpec, discard_action: str = "trim") -> str:
@@ -209,9 +214,9 @@ def _paper_kind(contender: str) -> str | None:
         return "stock"
     if contender.endswith(("embedded", "sign_tail")):
         return "rotated"
-    if contender.endswith(("fp32", "bf16", "sign_tail_unrotated")):
+    if contender.endswith("sign_tail_unrotated"):  # the paper's head without the rotation
         return "stochastic"
-    return None
+    return None  # raw floats (fp32, bf16): the paper has no counterpart
 
 
 def _within(value, base_mean, base_ci) -> bool:

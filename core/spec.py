@@ -323,7 +323,9 @@ class TransportSpec(_Strict):
 class BackgroundFlow(_Strict):
     rate: str = Field(pattern=r"^\d+(\.\d+)?\s*[kmgKMG]?(bit|bps|b)?$", description="the rate asked (checked against "
                       "what the sender delivered)")
-    dscp: int = Field(0, ge=0, le=63, description="its class: the same as gradients' to congest their queue")
+    dscp: int | Literal["gradients"] = Field(0, description="its class (0..63): the same as gradients' to congest "
+                                             "their queue; `gradients`: whichever class the run's gradients "
+                                             "take (transport.dscp, or 0 under workload.comm gloo)")
     protocol: Literal["udp", "tcp"] = "udp"
     pattern: Literal["constant", "on_off"] = Field("constant", description="on_off: on_ms sending, off_ms silent")
     on_ms: float = Field(100.0, gt=0)
@@ -380,6 +382,9 @@ class ExperimentSpec(_Strict):
     extra_points: list[dict[str, Any]] = Field(
         default_factory=list, description="points run after the sweep's product: each maps key paths "
                                           "to values, applied to this spec")
+    contenders: list[dict[str, Any]] = Field(
+        default_factory=list, description="what competes at every point: each maps key paths to values, "
+                                          "applied before the point's own; every point runs once per contender")
 
     @model_validator(mode="after")
     def _check(self):
@@ -409,6 +414,9 @@ class ExperimentSpec(_Strict):
             raise SpecError("congestion.background: needs rack.virtual.traffic_hosts >= 1 (the host "
                             "that sends the flows)")
         gloo = self.workload.kind == "ddp" and self.workload.comm == "gloo"
+        for i, f in enumerate(self.congestion.background):
+            if f.dscp != "gradients" and not 0 <= f.dscp <= 63:
+                raise SpecError(f"congestion.background.{i}.dscp={f.dscp}: a DSCP is 0..63, or 'gradients'")
         if gloo and self.congestion.inject_probability and self.congestion.inject_action == "trim":
             raise SpecError("congestion.inject_action=trim: gloo's TCP segments cannot be trimmed usefully (the "
                             "receiver's kernel drops a cut segment); inject drops for workload.comm=gloo")
@@ -419,25 +427,39 @@ class ExperimentSpec(_Strict):
             raise SpecError("topology=sharded: needs rack.virtual.workers >= 2")
         return self
 
+    def flow_dscp(self, flow: BackgroundFlow) -> int:
+        """A background flow's DSCP (`gradients`: the class this run's gradients take)."""
+        if flow.dscp != "gradients":
+            return flow.dscp
+        return 0 if self.workload.kind == "ddp" and self.workload.comm == "gloo" else self.transport.dscp
+
     def points(self) -> list["ExperimentSpec"]:
         """The sweep's cartesian product then the extra points, each once per seed of
         `seeds`, one validated spec each (the spec itself if there is none of these)."""
-        if not self.sweep and not self.extra_points and not self.seeds:
+        if not self.sweep and not self.extra_points and not self.seeds and not self.contenders:
             return [self]
-        base = self.model_dump(exclude={"sweep", "extra_points", "seeds"})
+        base = self.model_dump(exclude={"sweep", "extra_points", "seeds", "contenders"})
         keys = list(self.sweep)
         combos = [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))] \
             if keys else [{}]
+        where = [f"sweep point {j}" for j in range(len(combos))] + \
+                [f"extra_points[{j}]" for j in range(len(self.extra_points))]
+        # contenders side by side at each point: they meet the host in the same state
+        runs = [(w, c, ch) for w, ch in zip(where, combos + self.extra_points)
+                for c in (range(len(self.contenders)) if self.contenders else [None])]
         out = []
-        for i, changes in enumerate(combos + self.extra_points):
-            where = f"extra_points[{i - len(combos)}]" if i >= len(combos) else f"sweep point {i}"
+        for i, (point, c, own) in enumerate(runs):
+            changes = (self.contenders[c] if c is not None else {}) | own
+            where = point if c is None else f"{point}, contenders[{c}]"
             data = copy.deepcopy(base)
             for k, v in changes.items():
                 try:
                     set_path(data, k, v)
                 except SpecError as exc:
                     raise SpecError(f"{where}: {exc}") from None
-            label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in changes.items()) or "base"
+            label = "-".join(f"{k.split('.')[-1]}_{_label(v)}" for k, v in own.items()) or "base"
+            if c is not None:  # the contender by its index: the point's own label must fit the name
+                label = f"c{c}-{label}"
             name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.name}-{i:03d}-{label}")[:64 - (12 if self.seeds else 0)]
             for seed in self.seeds or [None]:
                 one = copy.deepcopy(data)

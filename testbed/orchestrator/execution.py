@@ -180,7 +180,8 @@ class Execution:
         self.monitor.wait_ready("traffic sink")
         for i, f in enumerate(flows):
             src = self.p.traffic[i % len(self.p.traffic)]
-            self.start(src.name, f"traffic{i}", launch.traffic(self.p, src.name, i, f, dst, self.cfg.mtu),
+            self.start(src.name, f"traffic{i}", launch.traffic(self.p, src.name, i, f, self.spec.flow_dscp(f), dst,
+                                                               self.cfg.mtu),
                        essential=False)
 
     def start_training(self) -> None:

@@ -55,7 +55,7 @@ def sink(p: Placement, i: int, flow: BackgroundFlow, dst: str) -> list[str]:
                   "--protocol", flow.protocol)
 
 
-def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dst: str, mtu: int) -> list[str]:
+def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dscp: int, dst: str, mtu: int) -> list[str]:
     """One background flow. Its datagrams fill the MTU: the kernel's cost is per packet, so a
     jumbo-frame rack carries six times the load for the same CPU. On a virtual rack the
     host NIC is ours (an htb class of its own shapes the flow) and the sender runs at the
@@ -63,7 +63,7 @@ def traffic(p: Placement, host: str, i: int, flow: BackgroundFlow, dst: str, mtu
     sharing its cores must not take its rate."""
     size = mtu - wire.ip_udp_overhead(":" in dst)
     return _agent(p, host, "traffic", "send", "--dst", dst, "--port", str(TRAFFIC_PORT + i), "--rate", flow.rate,
-                  "--dscp", str(flow.dscp), "--protocol", flow.protocol, "--pattern", flow.pattern,
+                  "--dscp", str(dscp), "--protocol", flow.protocol, "--pattern", flow.pattern,
                   "--on-ms", str(flow.on_ms), "--off-ms", str(flow.off_ms), "--size", str(size),
                   *(["--kernel-shaping", "--nice", "-20"] if p.rack.virtual else []))
 

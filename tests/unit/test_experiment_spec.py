@@ -162,3 +162,52 @@ def test_extra_points_errors_name_the_point():
     with pytest.raises(SpecError, match=r"extra_points\[1\] \(name_zip\): codec.name: must be one of"):
         spec(extra_points=[{"seed": 2}, {"codec.name": "zip"}]).points()
     assert [p.seed for p in spec(extra_points=[{"seed": 2}]).points()] == [0, 2]  # the spec itself, then the extra
+
+
+def test_contenders_run_at_every_point():
+    s = spec(contenders=[{}, {"codec.name": "fp32"}], sweep={"congestion.inject_probability": [0, 0.1]},
+             extra_points=[{"rack.virtual.rate": "10mbit"}], seeds=[1, 2])
+    pts = s.points()
+    assert [(p.name, p.codec.name, p.congestion.inject_probability, p.rack.virtual.rate) for p in pts[::2]] == [
+        ("t-000-c0-inject_probability_0-s1", "embedded", 0.0, "1gbit"),
+        ("t-001-c1-inject_probability_0-s1", "fp32", 0.0, "1gbit"),
+        ("t-002-c0-inject_probability_0.1-s1", "embedded", 0.1, "1gbit"),
+        ("t-003-c1-inject_probability_0.1-s1", "fp32", 0.1, "1gbit"),
+        ("t-004-c0-rate_10mbit-s1", "embedded", 0.0, "10mbit"),
+        ("t-005-c1-rate_10mbit-s1", "fp32", 0.0, "10mbit")]
+    assert [p.seed for p in pts[:2]] == [1, 2]
+    # a point's own value wins over the contender's
+    assert spec(contenders=[{"codec.name": "fp32"}], extra_points=[{"codec.name": "bf16"}]).points()[-1].codec.name == "bf16"
+    with pytest.raises(SpecError, match=r"sweep point 0, contenders\[1\] \(c1-base\): codec.nope"):
+        spec(contenders=[{}, {"codec.nope": 1}]).points()
+
+
+def test_a_background_flow_can_take_the_gradients_class():
+    flows = {"background": [{"rate": "10mbit", "dscp": "gradients"}]}
+    hook = spec(congestion=flows, transport={"dscp": 12})
+    gloo = spec(congestion=flows, topology="sharded", workload={"kind": "ddp", "comm": "gloo"})
+    assert hook.flow_dscp(hook.congestion.background[0]) == 12
+    assert gloo.flow_dscp(gloo.congestion.background[0]) == 0  # gloo's TCP travels on DSCP 0
+    with pytest.raises(SpecError, match=r"congestion.background.0.dscp=64: a DSCP is 0..63, or 'gradients'"):
+        spec(congestion={"background": [{"rate": "10mbit", "dscp": 64}]})
+
+
+def test_the_tolerance_experiment_is_the_issues_grid_on_a_converging_model():
+    from trimlab.agents.workloads import make_model
+    from trimlab.analysis.report import codec_label, contender
+    s = load_experiment(str(ROOT / "experiments/tolerance.yaml"))
+    pts = s.points()
+    ps = [0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
+    names = {contender(p.workload.comm, codec_label(p.codec), p.congestion, "drop" if p.profile == "drop" else "trim")
+             for p in pts}
+    assert names == {"trimlab trim embedded", "trimlab trim sign_tail", "trimlab trim sign_tail_unrotated",
+                     "trimlab trim fp32", "trimlab drop embedded", "gloo (TCP, drop)"}
+    assert len(pts) == len(names) * (len(ps) + 2) * 3 and len(s.seeds) >= 3
+    assert sorted({p.congestion.inject_probability for p in pts}) == ps
+    loaded = [p for p in pts if p.congestion.background]
+    assert len({p.congestion.background[0].rate for p in loaded}) == 2  # natural congestion at two levels
+    assert all(p.flow_dscp(p.congestion.background[0]) == (0 if p.workload.comm == "gloo" else p.transport.dscp)
+               for p in loaded)  # each load on the contender's own class
+    model = make_model(s.workload.model, (1, 40), 10, s.workload.width)
+    assert sum(x.numel() for x in model.parameters()) >= 64 * s.codec.span  # ≥ 64 RHT spans
+    assert s.workload.time_limit_s and s.target_accuracy

@@ -61,8 +61,9 @@ def test_agents_start_with_the_inventorys_python_and_their_arguments(rack):
     assert launch.ps(p, "/r/agent.json", "/r/ps")[:3] == [p.python("gpu1"), "-m", "trimlab.agents.ps"]
     s = spec(topology="ps", congestion={"background": [{"rate": "10mbit", "protocol": "tcp"}]})
     flow = s.congestion.background[0]
-    send = launch.traffic(p, "gpu8", 0, flow, "198.51.100.1", 9000)
+    send = launch.traffic(p, "gpu8", 0, flow, s.flow_dscp(flow), "198.51.100.1", 9000)
     assert send[send.index("--port") + 1] == str(TRAFFIC_PORT) and send[send.index("--protocol") + 1] == "tcp"
+    assert send[send.index("--dscp") + 1] == "0"
     assert send[send.index("--size") + 1] == "8972"  # datagrams fill the MTU
     sink = launch.sink(p, 0, flow, "198.51.100.1")
     assert sink[:3] == [p.python("gpu1"), "-m", "trimlab.agents.traffic"] and "sink" in sink

@@ -13,7 +13,7 @@ import pytest
 from tests.unit.synthrun import Synth
 from trimlab.analysis import figures, report
 from trimlab.analysis.rundata import RunData, RunDataError
-from trimlab.spec import CongestionSpec
+from trimlab.spec import CodecSpec, CongestionSpec
 
 FIGURES = ["fig-congestion", "fig-error-bits", "fig-error-step", "fig-training", "fig-phases"]
 
@@ -124,6 +124,8 @@ def test_seeds_aggregate_with_intervals_and_never(tmp_path):
 def test_contenders_are_named_by_what_the_switch_does():
     assert report.contender("gloo", "embedded", CongestionSpec()) == "gloo (TCP, drop)"
     assert report.contender("trimlab", "embedded", CongestionSpec()) == "trimlab trim embedded"
+    assert report.codec_label(CodecSpec(name="sign_tail", params={"rotate": False})) == "sign_tail_unrotated"
+    assert report.codec_label(CodecSpec(name="sign_tail", params={"unbiased": True})) == "sign_tail"
     assert report.contender("trimlab", "embedded", CongestionSpec(), "drop") == "trimlab drop embedded"  # profile drop
     inj = CongestionSpec(inject_probability=0.1, inject_action="drop")
     assert report.contender("trimlab", "sign_tail", inj) == "trimlab drop sign_tail"
@@ -182,7 +184,7 @@ def test_tolerance_is_the_largest_p_within_the_interval_of_its_own_p0():
     assert tol.loc["trimlab trim embedded", "paper"] == "about 50 % trimmed (its rotated variant)"
     assert tol.loc["trimlab trim fp32", "tolerated_p"] == 0.0
     assert tol.loc["trimlab trim fp32", "tolerated"].startswith("none")
-    assert tol.loc["trimlab trim fp32", "paper"].startswith("10–20 %")
+    assert tol.loc["trimlab trim fp32", "paper"] == "-"  # raw floats: no counterpart in the paper
     assert tol.loc["gloo (TCP, drop)", "tolerated_p"] == 0.0
     assert tol.loc["gloo (TCP, drop)", "paper"] == "0.15–0.25 % dropped (stock NCCL)"
     assert tol.loc["trimlab drop embedded", "tolerated"].startswith("never")
