@@ -206,6 +206,8 @@ def test_the_tolerance_experiment_is_the_issues_grid_on_a_converging_model():
     assert sorted({p.congestion.inject_probability for p in pts}) == ps
     loaded = [p for p in pts if p.congestion.background]
     assert len({p.congestion.background[0].rate for p in loaded}) == 2  # natural congestion at two levels
+    assert {p.rack.virtual.buffer_bytes for p in loaded} == {65536}  # queues the load fills
+    assert all(p.rack.virtual.buffer_bytes >= 1 << 21 for p in pts if not p.congestion.background)  # only injection cuts
     assert all(p.flow_dscp(p.congestion.background[0]) == (0 if p.workload.comm == "gloo" else p.transport.dscp)
                for p in loaded)  # each load on the contender's own class
     model = make_model(s.workload.model, (1, 40), 10, s.workload.width)
