@@ -434,18 +434,19 @@ class ExperimentSpec(_Strict):
         return 0 if self.workload.kind == "ddp" and self.workload.comm == "gloo" else self.transport.dscp
 
     def points(self) -> list["ExperimentSpec"]:
-        """The sweep's cartesian product then the extra points, each once per seed of
-        `seeds`, one validated spec each (the spec itself if there is none of these)."""
+        """The sweep's cartesian product then the extra points, each once per contender of
+        `contenders` and per seed of `seeds`, one validated spec each (the spec itself if
+        there is none of these)."""
         if not self.sweep and not self.extra_points and not self.seeds and not self.contenders:
             return [self]
         base = self.model_dump(exclude={"sweep", "extra_points", "seeds", "contenders"})
         keys = list(self.sweep)
         combos = [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))] \
             if keys else [{}]
-        where = [f"sweep point {j}" for j in range(len(combos))] + \
-                [f"extra_points[{j}]" for j in range(len(self.extra_points))]
+        places = [f"sweep point {j}" for j in range(len(combos))] + \
+                 [f"extra_points[{j}]" for j in range(len(self.extra_points))]
         # contenders side by side at each point: they meet the host in the same state
-        runs = [(w, c, ch) for w, ch in zip(where, combos + self.extra_points)
+        runs = [(w, c, ch) for w, ch in zip(places, combos + self.extra_points)
                 for c in (range(len(self.contenders)) if self.contenders else [None])]
         out = []
         for i, (point, c, own) in enumerate(runs):
