@@ -59,7 +59,7 @@ def summary(name: str, r: dict, path) -> str:
                     f"Mbit/s ({b['ratio']:.0%}): the load fell short of the request[/]"
                     for i, b in r.get("background", {}).items() if b["ratio"] < 1 - LOAD_TOLERANCE)
     if r.get("time_limit"):
-        short += (f"\n  [yellow]stopped at its time limit after {r['steps_done']} of {r['steps']} steps[/]")
+        short += f"\n  [yellow]stopped at its time limit after {r['steps_done']} of {r['steps']} steps[/]"
     return (f"[green]run {name} succeeded[/] in {r['wall_s']:.1f} s: test accuracy "
             f"{'-' if acc is None else format(acc, '.3f')}, switch trims {sw.get('TRIM_PKTS', '-')}, "
             f"drops {sw.get('DROP_PKTS', '-')}{calm}, "

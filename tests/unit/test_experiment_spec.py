@@ -195,10 +195,11 @@ def test_a_background_flow_can_take_the_gradients_class():
 def test_the_tolerance_experiment_is_the_issues_grid_on_a_converging_model():
     from trimlab.agents.workloads import make_model
     from trimlab.analysis.report import codec_label, contender
+    from trimlab.spec import load_profile
     s = load_experiment(str(ROOT / "experiments/tolerance.yaml"))
     pts = s.points()
     ps = [0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
-    names = {contender(p.workload.comm, codec_label(p.codec), p.congestion, "drop" if p.profile == "drop" else "trim")
+    names = {contender(p.workload.comm, codec_label(p.codec), p.congestion, load_profile(p.profile).discard_action)
              for p in pts}
     assert names == {"trimlab trim embedded", "trimlab trim sign_tail", "trimlab trim sign_tail_unrotated",
                      "trimlab trim fp32", "trimlab drop embedded", "gloo (TCP, drop)"}

@@ -114,7 +114,6 @@ def test_injection_reaches_gloos_tcp_on_its_own_class():
     assert effective_profile(hook).injection.queues == []
 
 
-
 def test_a_ddp_scripts_last_line_says_how_many_steps_it_ran():
     from trimlab.testbed.orchestrator import events
     done = events.parse('{"event": "done", "rank": 1, "test_acc": 0.9, "steps": 120, "time_limit": true, '
