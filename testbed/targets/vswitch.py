@@ -9,6 +9,7 @@ from trimlab.testbed.targets.base import Port, Rendered, SwitchTarget
 from trimlab.testbed.targets.sonic import Sonic
 
 MIN_TRIM_SIZE = 14 + 40 + 8  # Ethernet + IPv6 + UDP: every trimmed packet keeps its L4 header
+NQ = 8  # queues a port
 
 
 class VSwitchTarget(Sonic):
@@ -34,6 +35,16 @@ class VSwitchTarget(Sonic):
     def _render(self, profile, ports):
         config = json.loads(self._template("sonic/config_db.json.j2", **self.context(profile, ports)))
         config.update(json.loads(self._template("inject.json.j2", p=profile)))
+        # The rack is ours: its other queues take the profile's data-queue budget too, so a
+        # run's buffer deepens every class (gloo's TCP, the hook's parameters), not only the
+        # trimming ones. A SONiC switch's other queues keep their own buffer configuration.
+        bound = set(profile.eligible_queues) | {profile.queue}
+        rest = ",".join(str(q) for q in range(NQ) if q not in bound)
+        if rest:
+            config["BUFFER_PROFILE"]["trimlab_queue_profile"] = {
+                "pool": "egress_lossy_pool", "size": "0", "static_th": str(profile.buffer.queue_bytes),
+                "packet_discard_action": "drop"}
+            config["BUFFER_QUEUE"].update({f"{p.name}|{rest}": {"profile": "trimlab_queue_profile"} for p in ports})
         config["TRIMLAB_PLATFORM"] = {"GLOBAL": {"name": self.platform.name}}
         commands = [f"trimlab switch apply trimlab-{profile.name}.json"]
         return Rendered(self.name, profile.name, config, "json", commands)

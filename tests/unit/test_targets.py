@@ -9,7 +9,7 @@ import pytest
 
 from trimlab import resources
 from trimlab.errors import SpecError
-from trimlab.spec import InjectionSpec, TrimProfile, load_profile
+from trimlab.spec import BufferSpec, InjectionSpec, TrimProfile, load_profile
 from trimlab.testbed.targets import TARGETS, Port, get_target
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -127,6 +127,14 @@ def test_vswitch_rendering_is_what_the_virtual_switch_reads():
     cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
     assert (cfg.size, cfg.dscp_value, cfg.queue_index) == (128, 48, 6)
     assert cfg.actions["Ethernet0"][3] == "trim" and cfg.budgets["Ethernet0"][6] == 65536
+    # a run's buffer reaches every queue of the rack's ports, not only the trimming ones
+    deep = load_profile("default").model_copy(update={"buffer": BufferSpec(queue_bytes=4_000_000,
+                                                                           trim_queue_bytes=8192)})
+    cfg = parse_config_db(get_target("vswitch").render(deep, [Port(p) for p in ports]).config, ports,
+                          default_config(ports, 1000), mtu=1500)
+    for port in ports:
+        assert cfg.budgets[port] == [4_000_000] * 7 + [8192]
+        assert cfg.actions[port] == ["drop", "trim"] + ["drop"] * 6
 
 
 def test_injection_can_be_told_which_queues_it_reaches():

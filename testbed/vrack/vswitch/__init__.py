@@ -27,11 +27,10 @@ from pathlib import Path
 from trimlab import native, resources
 from trimlab.errors import SpecError, TrimlabError
 from trimlab import platforms
-from trimlab.testbed.targets.vswitch import MIN_TRIM_SIZE
+from trimlab.testbed.targets.vswitch import MIN_TRIM_SIZE, NQ
 from trimlab.testbed.vrack.bpfmap import PinnedMap
 
 SOURCE = resources.c_source("testbed.vrack.vswitch", "trim.c")
-NQ = 8
 MAX_PORTS = 64
 MAX_IFINDEX = 4096  # trim.c: port_of is an array indexed by ifindex
 ACTIONS = {"drop": 0, "trim": 1}
