@@ -167,8 +167,7 @@ class SwitchConfig:
             "PORT": {p: {"speed": str(s)} for p, s in self.speeds.items()},
             "TRIMLAB_INJECT": {"GLOBAL": {"probability": str(self.inject_probability),
                                           "action": self.inject_action, "seed": str(self.inject_seed),
-                                          **({"queues": ",".join(map(str, self.inject_queues))}
-                                             if self.inject_queues else {})}},
+                                          "queues": ",".join(map(str, self.inject_queues))}},
             "TRIMLAB_PLATFORM": {"GLOBAL": {"name": self.platform}},
         }
 
@@ -321,8 +320,9 @@ def parse_config_db(doc: dict, ports: list[str], current: SwitchConfig, mtu: int
         cfg.inject_action = inj["action"]
     if "seed" in inj:
         cfg.inject_seed = _int(inj["seed"], "TRIMLAB_INJECT|GLOBAL.seed", 0, (1 << 32) - 1)
-    if inj.get("queues"):
-        cfg.inject_queues = sorted(set(_queue_list(str(inj["queues"]), "TRIMLAB_INJECT|GLOBAL.queues")))
+    if "queues" in inj:  # "": the trimming queues
+        q = str(inj["queues"])
+        cfg.inject_queues = sorted(set(_queue_list(q, "TRIMLAB_INJECT|GLOBAL.queues"))) if q else []
     return cfg
 
 
