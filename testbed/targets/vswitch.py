@@ -39,12 +39,20 @@ class VSwitchTarget(Sonic):
         # run's buffer deepens every class (gloo's TCP, the hook's parameters), not only the
         # trimming ones. A SONiC switch's other queues keep their own buffer configuration.
         bound = set(profile.eligible_queues) | {profile.queue}
-        rest = ",".join(str(q) for q in range(NQ) if q not in bound)
-        if rest:
+        ranges = []  # SONiC's BUFFER_QUEUE keys name one queue or a range: PORT|2-5
+        for q in range(NQ):
+            if q in bound:
+                continue
+            if ranges and ranges[-1][1] == q - 1:
+                ranges[-1][1] = q
+            else:
+                ranges.append([q, q])
+        if ranges:
             config["BUFFER_PROFILE"]["trimlab_queue_profile"] = {
                 "pool": "egress_lossy_pool", "size": "0", "static_th": str(profile.buffer.queue_bytes),
                 "packet_discard_action": "drop"}
-            config["BUFFER_QUEUE"].update({f"{p.name}|{rest}": {"profile": "trimlab_queue_profile"} for p in ports})
+            keys = [f"{p.name}|{a}" + (f"-{b}" if b > a else "") for p in ports for a, b in ranges]
+            config["BUFFER_QUEUE"].update({k: {"profile": "trimlab_queue_profile"} for k in keys})
         config["TRIMLAB_PLATFORM"] = {"GLOBAL": {"name": self.platform.name}}
         commands = [f"trimlab switch apply trimlab-{profile.name}.json"]
         return Rendered(self.name, profile.name, config, "json", commands)
