@@ -139,7 +139,7 @@ class InjectionSpec(BaseModel):
     action: Literal["trim", "drop"] = "trim"
     seed: int = Field(0, ge=0, lt=1 << 32)
     queues: list[Annotated[int, Field(ge=0, le=7)]] = Field(
-        default_factory=list, description="the queues it reaches (default: those whose action is trim)")
+        default_factory=list, description="the queues it reaches (default: the profile's eligible queues)")
 
 
 class TrimProfile(BaseModel):

@@ -149,10 +149,14 @@ def test_injection_can_be_told_which_queues_it_reaches():
     cfg = parse_config_db(r.config, ports, default_config(ports, 1000), mtu=1500)
     assert cfg.inject_queues == [0] and cfg.to_config_db()["TRIMLAB_INJECT"] == r.config["TRIMLAB_INJECT"]
     plain = get_target("vswitch").render(load_profile("default"), [Port("Ethernet0")])
-    assert plain.config["TRIMLAB_INJECT"]["GLOBAL"]["queues"] == ""
-    # applied over the gloo point's switch (a sweep's next point), it reaches the trimming queues again
-    assert parse_config_db(plain.config, ports, cfg, mtu=1500).inject_queues == []
-    assert parse_config_db(plain.config, ports, default_config(ports, 1000), mtu=1500).inject_queues == []
+    assert plain.config["TRIMLAB_INJECT"]["GLOBAL"]["queues"] == "1"  # the profile's eligible queue
+    # applied over the gloo point's switch (a sweep's next point), it reaches the trimming queue again
+    assert parse_config_db(plain.config, ports, cfg, mtu=1500).inject_queues == [1]
+    # a dropping profile's eligible queue too: its queue's action is drop, like every other
+    dropping = get_target("vswitch").render(load_profile("drop"), [Port("Ethernet0")])
+    assert parse_config_db(dropping.config, ports, cfg, mtu=1500).inject_queues == [1]
+    # "" in a hand-written fragment: the queues whose action is trim
+    assert parse_config_db({"TRIMLAB_INJECT": {"GLOBAL": {"queues": ""}}}, ports, cfg, mtu=1500).inject_queues == []
     with pytest.raises(SpecError, match=r"TRIMLAB_INJECT\|GLOBAL.queues: 9 is out of range \(0..7\)"):
         parse_config_db({"TRIMLAB_INJECT": {"GLOBAL": {"queues": "0,9"}}}, ports, default_config(ports, 1000), 1500)
     with pytest.raises(ValueError, match="queues"):
