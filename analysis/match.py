@@ -494,6 +494,36 @@ def switch_load_checks(run: RunData) -> list[dict]:
     return out
 
 
+INJECT_SIGMAS = 5  # injection's share may fall this many binomial standard deviations short of p
+
+
+def injection_checks(run: RunData) -> list[dict]:
+    """Injection at probability p, measured: on the queues it reaches, over every port, the
+    packets the switch cut (trimmed or dropped) against all it handled there. Fewer than p
+    by more than 5 standard deviations disagrees: an injection that reached no packet (its
+    queue left out of the switch's configuration) shows here. More is congestion's share."""
+    prof, c = run.profile, run.counters
+    if prof is None or c is None or not prof.injection.probability:
+        return []
+    p = prof.injection.probability
+    queues = prof.injection.queues or prof.eligible_queues
+    cut = total = 0
+    for qs in c["queues"].values():
+        for q in queues:
+            if q < len(qs):  # a trimmed packet leaves from the trimmed-packet queue: count it here
+                cut += qs[q].get("TRIM_PKTS", 0) + qs[q].get("DROP_PKTS", 0)
+                total += qs[q].get("TX_PKTS", 0) + qs[q].get("TRIM_PKTS", 0) + qs[q].get("DROP_PKTS", 0)
+    name, observers = "injected share = requested", f"switch queues {','.join(map(str, queues))}"
+    if not total:
+        return [_check(name, observers, f"{p:.4%}", "no packets", DISAGREE,
+                       f"no packet went through queue(s) {','.join(map(str, queues))}, the ones injection reaches")]
+    share, sigma = cut / total, (p * (1 - p) / total) ** 0.5
+    ok = share >= p - INJECT_SIGMAS * sigma
+    return [_check(name, observers, f"{p:.4%}", f"{share:.4%}", AGREE if ok else DISAGREE,
+                   f"the switch cut {cut} of {total} packets on the queues injection reaches"
+                   + ("" if ok else f"; fewer than p = {p:g} allows ({INJECT_SIGMAS} standard deviations)"))]
+
+
 def pacing_checks(run: RunData) -> list[dict]:
     """The hook's pacing, where it has a rate: each worker's gradient packets as its own
     capture saw them leave, every step's burst from its first packet to its last, against
@@ -536,9 +566,9 @@ def _mbit(bps: float) -> float:
 def match(run: RunData) -> tuple[pd.DataFrame, list[dict]]:
     wl = run.experiment.workload
     if wl.kind == "ddp" and wl.comm == "gloo":
-        return pd.DataFrame(columns=COLUMNS), gloo_checks(run) + load_checks(run)
+        return pd.DataFrame(columns=COLUMNS), gloo_checks(run) + load_checks(run) + injection_checks(run)
     rows, side = packet_table(run)
-    return rows, checks(run, rows, side) + load_checks(run) + pacing_checks(run)
+    return rows, checks(run, rows, side) + load_checks(run) + pacing_checks(run) + injection_checks(run)
 
 
 def write(run_dir: str | Path) -> tuple[pd.DataFrame, list[dict]]:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from tests.unit.synthrun import Synth
 from trimlab import wire
@@ -255,3 +256,30 @@ def test_without_the_repair_the_checks_name_the_stale_lengths(tmp_path):
     # the ideal switch rewrites every length: no repair needed, no such check
     chk = {c["check"] for c in match.match(with_repair(run, repaired=None, platform="ideal"))[1]}
     assert not any(c.startswith("trimmed packets reach the socket") for c in chk)
+
+
+def test_injection_is_measured_against_its_probability(tmp_path):
+    """What the switch cut on the queues injection reaches, against p: the synthetic run's
+    trims and drops (its only cuts) agree with their own share, and disagree with a p
+    they fall far short of; injection aimed at a queue no packet crossed disagrees too."""
+    s = Synth(trims=dict(TRIMS), drops=set(DROPS))
+    path = s.write(tmp_path / "run")
+    prof = path / "switch" / "default.yml"
+    base = yaml.safe_load(prof.read_text())
+    after = path / "switch" / "counters_after.json"
+    doc = json.loads(after.read_text())
+    for qs in doc["queues"].values():
+        qs[1] = qs[1] | {"TX_PKTS": 1000}  # the packets that passed uncut
+    after.write_text(json.dumps(doc))
+    c = RunData.open(path).counters
+    q1 = [qs[1] for qs in c["queues"].values()]
+    cut = sum(q["TRIM_PKTS"] + q["DROP_PKTS"] for q in q1)
+    total = sum(q["TX_PKTS"] + q["TRIM_PKTS"] + q["DROP_PKTS"] for q in q1)
+    assert cut > 0
+    for p, queues, status in ((cut / total, [], match.AGREE), (10 * cut / total, [], match.DISAGREE),
+                              (cut / total, [4], match.DISAGREE)):
+        prof.write_text(yaml.safe_dump(base | {"injection": {"probability": p, "queues": queues}}))
+        (chk,) = match.injection_checks(RunData.open(path))
+        assert chk["check"] == "injected share = requested" and chk["status"] == status, chk
+    prof.write_text(yaml.safe_dump(base))  # no injection: no check
+    assert match.injection_checks(RunData.open(path)) == []
