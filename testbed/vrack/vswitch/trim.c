@@ -225,7 +225,8 @@ int trimlab_egress(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	__u32 len = skb->len;
 	__u8 action = pc->action[queue];
-	if ((cfg->flags & F_TRIM_ONCE) && ((cfg->trimmed_dscps >> dscp) & 1))
+	int trimmed_once = (cfg->flags & F_TRIM_ONCE) && ((cfg->trimmed_dscps >> dscp) & 1);
+	if (trimmed_once)
 		action = ACT_DROP;
 
 	int forced = 0;
@@ -250,7 +251,9 @@ int trimlab_egress(struct __sk_buff *skb)
 			if (bpf_skb_load_bytes(skb, l3 + n, id, 8) == 0)  // ports + next 4 bytes
 				h = mix32(mix32(h, *(__u32 *)id), *(__u32 *)&id[4]);
 		}
-		int reaches = cfg->inject_queues ? (cfg->inject_queues >> queue) & 1 : action == ACT_TRIM;
+		// a packet a trim-once platform already trimmed is never trimmed again, forced or not
+		int reaches = !trimmed_once &&
+			      (cfg->inject_queues ? (cfg->inject_queues >> queue) & 1 : action == ACT_TRIM);
 		if (fmix32(h) < cfg->inject_p && reaches)
 			forced = 1;
 	}
