@@ -27,6 +27,34 @@
 #endif
 #endif
 
+/* One vector width for the span passes (butterflies, flips, scales): 16 floats a register
+   with AVX-512, 8 with AVX2; TL_IN_REGISTER butterfly stages inside a register. */
+#if defined(TL_AVX512)
+#define TL_VEC 16
+#define TL_IN_REGISTER 4
+#define TL_FIRST_STAGES 4
+#define TL_PASS_STAGES 2
+typedef __m512 vf;
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define TL_VEC 8
+#define TL_IN_REGISTER 3
+#define TL_FIRST_STAGES 3
+#define TL_PASS_STAGES 3
+typedef __m256 vf;
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+#endif
+
 /* the wire's codec ids (the header's codec field; each Codec's codec_id) */
 #define FP32 1
 #define BF16 2
@@ -109,13 +137,14 @@ static void flip_signs(float *y, int64_t n, uint64_t key) {
 }
 
 /* -- Walsh–Hadamard butterflies, stage order fixed ---------------------------------------- */
-#ifdef TL_AVX512
-/* Stages 1, 2, 4, 8 inside a 16-float register: lane i pairs with lane i ^ h; the lower
+#ifdef TL_VEC
+/* The in-register stages (h = 1 .. TL_VEC/2): lane i pairs with lane i ^ h; the lower
    lane gets a + b, the upper a − b (a the lower lane's value), as the scalar loop does:
    partner + v·(±1), one rounding, the product exact. Each partner comes from the cheapest
-   shuffle that reaches it (within 128-bit blocks for h = 1, 2; whole blocks for h = 4, 8):
-   a full lane permute for every stage made the butterflies 10–15 % slower. */
-static inline __m512 bfly_in_register(__m512 v, const __m512 sign[4]) {
+   shuffle that reaches it (within 128-bit blocks for h = 1, 2; whole blocks above): a full
+   lane permute for every stage made the AVX-512 butterflies 10–15 % slower. */
+#ifdef TL_AVX512
+static inline vf bfly_in_register(vf v, const vf sign[TL_IN_REGISTER]) {
     v = _mm512_fmadd_ps(v, sign[0], _mm512_permute_ps(v, 0xB1));
     v = _mm512_fmadd_ps(v, sign[1], _mm512_permute_ps(v, 0x4E));
     v = _mm512_fmadd_ps(v, sign[2], _mm512_shuffle_f32x4(v, v, 0xB1));
@@ -123,29 +152,50 @@ static inline __m512 bfly_in_register(__m512 v, const __m512 sign[4]) {
 }
 
 /* ±1 per lane for stage h: −1 where bit h of the lane index is set. */
-static inline __m512 stage_sign(int h) {
+static inline vf stage_sign(int h) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
     return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f));
 }
 
-/* The sign-flip lane masks of a span's 16-float registers: halves of each 32-coordinate
-   hash word (as flip_signs), computed once per span. */
-static void flip_masks(uint64_t key, int64_t n, uint16_t *m) {
-    for (int64_t word = 0; word < n / 32; word++) {
-        uint32_t h = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ (uint32_t)key) ^ (uint32_t)(key >> 32));
-        m[2 * word] = (uint16_t)h;
-        m[2 * word + 1] = (uint16_t)(h >> 16);
-    }
-}
-
-static inline __m512 flip_by(__m512 v, uint16_t mask) {
+static inline vf flip_by(vf v, uint16_t mask) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     return _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), (__mmask16)mask, _mm512_castps_si512(v), sign));
 }
+#else
+static inline vf bfly_in_register(vf v, const vf sign[TL_IN_REGISTER]) {
+    v = _mm256_fmadd_ps(v, sign[0], _mm256_permute_ps(v, 0xB1));
+    v = _mm256_fmadd_ps(v, sign[1], _mm256_permute_ps(v, 0x4E));
+    return _mm256_fmadd_ps(v, sign[2], _mm256_permute2f128_ps(v, v, 1));
+}
+
+static inline vf stage_sign(int h) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vh = _mm256_set1_epi32(h);
+    __m256i upper = _mm256_cmpeq_epi32(_mm256_and_si256(lane, vh), vh);
+    return _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(-1.0f), _mm256_castsi256_ps(upper));
+}
+
+/* bit t of the mask flips lane t: shifted to the sign bit */
+static inline vf flip_by(vf v, uint16_t mask) {
+    const __m256i to_sign = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+    __m256i sign = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(mask), to_sign),
+                                    _mm256_set1_epi32((int)0x80000000u));
+    return _mm256_xor_ps(v, _mm256_castsi256_ps(sign));
+}
+#endif
+
+/* The sign-flip lane masks of a span's registers: TL_VEC-bit pieces of each 32-coordinate
+   hash word (as flip_signs), computed once per span. */
+static void flip_masks(uint64_t key, int64_t n, uint16_t *m) {
+    const int per = 32 / TL_VEC;
+    for (int64_t word = 0; word < n / 32; word++) {
+        uint32_t h = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ (uint32_t)key) ^ (uint32_t)(key >> 32));
+        for (int t = 0; t < per; t++) m[per * word + t] = (uint16_t)((h >> (TL_VEC * t)) & ((1u << TL_VEC) - 1u));
+    }
+}
 
 /* What the first pass does to each register as it loads it from `in`: × pre (0: nothing),
-   the RHT's sign flips (`flip` masks, or NULL), then stages 1, 2, 4, 8 inside it. `ahead`
+   the RHT's sign flips (`flip` masks, or NULL), then the in-register stages. `ahead`
    (or NULL): as many floats fetched into L2 line by line as `in` is read (encode: the next
    span's input, on its way while this span's butterflies and packing compute; into L1 it
    would meet this span's scratch and packets there and be evicted before use). */
@@ -169,9 +219,9 @@ typedef struct {
     float *out;
 } finish_t;
 
-/* Stages h = 16·s, 32·s, ... (r ≤ 4 of them) over registers s apart, all r while the 2^r
-   registers are loaded; S (the first pass only, s = 1) starts each register as it is
-   loaded, F (the last pass only) finishes each one. Each value goes through the same
+/* Stages h = TL_VEC·s, 2·TL_VEC·s, ... (r ≤ 4 of them) over registers s apart, all r while
+   the 2^r registers are loaded; S (the first pass only, s = 1) starts each register as it
+   is loaded, F (the last pass only) finishes each one. Each value goes through the same
    additions in the same order as stage after stage would. */
 static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv, int64_t s, int r,
                                                             const start_t *S, const finish_t *F) {
@@ -181,17 +231,18 @@ static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv
     const uint16_t *flip_in = S ? S->flip : NULL, *flip_out = F ? F->flip : NULL;
     const float pre = S ? S->pre : 0.0f, scale = F ? F->scale : 1.0f, post = F ? F->post : 0.0f;
     float *dst = F && F->out ? F->out : y;
-    const __m512 sign[4] = {stage_sign(1), stage_sign(2), stage_sign(4), stage_sign(8)};
+    vf sign[TL_IN_REGISTER];
+    for (int t = 0; t < TL_IN_REGISTER; t++) sign[t] = stage_sign(1 << t);
     for (int64_t b = 0; b < nv; b += s << r)
         for (int64_t j = 0; j < s; j++) {
-            __m512 v[16];
+            vf v[16];
 #pragma GCC unroll 16
             for (int k = 0; k < (1 << r); k++) {
                 int64_t vi = b + j + k * s;
-                v[k] = _mm512_loadu_ps(src + 16 * vi);
+                v[k] = vload(src + TL_VEC * vi);
                 if (S) {
-                    if (ahead) __builtin_prefetch(ahead + 16 * vi, 0, 2);
-                    if (pre != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(pre));
+                    if (ahead) __builtin_prefetch(ahead + TL_VEC * vi, 0, 2);
+                    if (pre != 0.0f) v[k] = vmul(v[k], vset1(pre));
                     if (flip_in) v[k] = flip_by(v[k], flip_in[vi]);
                     v[k] = bfly_in_register(v[k], sign);
                 }
@@ -201,25 +252,25 @@ static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv
 #pragma GCC unroll 16
                 for (int k = 0; k < (1 << r); k++)
                     if (!(k & (1 << t))) {
-                        __m512 a = v[k], c = v[k | (1 << t)];
-                        v[k] = _mm512_add_ps(a, c);
-                        v[k | (1 << t)] = _mm512_sub_ps(a, c);
+                        vf a = v[k], c = v[k | (1 << t)];
+                        v[k] = vadd(a, c);
+                        v[k | (1 << t)] = vsub(a, c);
                     }
 #pragma GCC unroll 16
             for (int k = 0; k < (1 << r); k++) {
                 int64_t vi = b + j + k * s;
                 if (F) {
-                    v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(scale));
+                    v[k] = vmul(v[k], vset1(scale));
                     if (flip_out) v[k] = flip_by(v[k], flip_out[vi]);
-                    if (post != 0.0f) v[k] = _mm512_mul_ps(v[k], _mm512_set1_ps(post));
+                    if (post != 0.0f) v[k] = vmul(v[k], vset1(post));
                 }
-                _mm512_storeu_ps(dst + 16 * vi, v[k]);
+                vstore(dst + TL_VEC * vi, v[k]);
             }
         }
 }
 
-/* The last pass (r stages), with the first's start too where it is also the first. */
-static void fwht_last(float *y, int64_t nv, int64_t s, int r, const start_t *S, const finish_t *F) {
+/* One pass of r stages (1 ≤ r ≤ 4), the constant r unrolled. */
+static void fwht_pass_r(float *y, int64_t nv, int64_t s, int r, const start_t *S, const finish_t *F) {
     if (S) {
         if (r == 1) fwht_pass(y, nv, s, 1, S, F);
         else if (r == 2) fwht_pass(y, nv, s, 2, S, F);
@@ -227,56 +278,48 @@ static void fwht_last(float *y, int64_t nv, int64_t s, int r, const start_t *S, 
         else fwht_pass(y, nv, s, 4, S, F);
     } else if (r == 1) {
         fwht_pass(y, nv, s, 1, NULL, F);
-    } else {
+    } else if (r == 2) {
         fwht_pass(y, nv, s, 2, NULL, F);
+    } else if (r == 3) {
+        fwht_pass(y, nv, s, 3, NULL, F);
+    } else {
+        fwht_pass(y, nv, s, 4, NULL, F);
     }
 }
 
 /* The butterflies of n ≥ 32 floats from `in` (started by S) into y, finished by F: the
-   in-register stages and up to four more in the first pass (16 of the 32 registers), then
-   two at a time. Paired against the earlier plan (in-register, then three a time: four
-   passes over a 4096-float span) in an interleaved copy of the codec bench, this plan
-   (three passes) took 0.2–0.3 ms off each direction of 4 Mi coordinates; four stages in
-   the last pass too (two passes) made decode slower: there 16 registers 1 KiB apart are
-   stored to the output at once, and their lines miss together. */
-static void fwht_avx512(float *y, int64_t n, const start_t *S, const finish_t *F) {
-    int64_t nv = n / 16, s = 1;
+   in-register stages and up to TL_FIRST_STAGES more in the first pass, then
+   TL_PASS_STAGES a pass. AVX-512 (4, then 2: three passes over a 4096-float span):
+   paired against in-register then three a time (four passes) in an interleaved copy of
+   the codec bench, 0.2–0.3 ms off each direction of 4 Mi coordinates; four stages in the
+   last pass too made decode slower (16 registers 1 KiB apart stored to the output at once,
+   their lines missing together). AVX2 (3, then 3): eight registers a pass leave room for
+   the sign constants in its sixteen. */
+static void fwht_vec(float *y, int64_t n, const start_t *S, const finish_t *F) {
+    int64_t nv = n / TL_VEC, s = 1;
     int left = 0;
     for (int64_t m = nv; m > 1; m >>= 1) left++;
-    if (left <= 4) {
-        fwht_last(y, nv, 1, left, S, F);
+    if (left <= TL_FIRST_STAGES) {
+        fwht_pass_r(y, nv, 1, left, S, F);
         return;
     }
-    fwht_pass(y, nv, 1, 4, S, NULL);
-    for (s = 16, left -= 4; left > 2; s <<= 2, left -= 2) fwht_pass(y, nv, s, 2, NULL, NULL);
-    fwht_last(y, nv, s, left, NULL, F);
+    fwht_pass_r(y, nv, 1, TL_FIRST_STAGES, S, NULL);
+    for (s = 1 << TL_FIRST_STAGES, left -= TL_FIRST_STAGES; left > TL_PASS_STAGES; s <<= TL_PASS_STAGES, left -= TL_PASS_STAGES)
+        fwht_pass_r(y, nv, s, TL_PASS_STAGES, NULL, NULL);
+    fwht_pass_r(y, nv, s, left, NULL, F);
 }
 #endif
 
 /* The butterflies, then × `scale` (the RHT's 1/√n). */
 static void fwht_scaled(float *y, int64_t n, float scale) {
     int64_t h = 1;
-#ifdef TL_AVX512
+#ifdef TL_VEC
     if (n >= 32) {
         const start_t S = {y, 0.0f, NULL, NULL};
         const finish_t F = {scale, 0.0f, NULL, NULL};
-        fwht_avx512(y, n, &S, &F);
+        fwht_vec(y, n, &S, &F);
         return;
     }
-#endif
-#ifdef __AVX2__
-    /* stages 1, 2, 4 inside each 8-float register: the same sums and differences */
-    for (int64_t i = 0; i < n; i += 8) {
-        __m256 v = _mm256_loadu_ps(y + i), w;
-        w = _mm256_permute_ps(v, 0xB1);
-        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xAA);
-        w = _mm256_permute_ps(v, 0x4E);
-        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xCC);
-        w = _mm256_permute2f128_ps(v, v, 1);
-        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xF0);
-        _mm256_storeu_ps(y + i, v);
-    }
-    h = 8;
 #endif
     for (; h < n; h <<= 1) {
         if (h < 8) {
@@ -332,6 +375,21 @@ static double lane_sum_f64(const float *y, int64_t c, int square) {
     __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
     __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+#elif defined(__AVX2__)
+    /* the 32 lanes as 8 registers of 4 doubles, folded lane t + w onto lane t as below */
+    __m256d a[8];
+    for (int q = 0; q < 8; q++) a[q] = _mm256_setzero_pd();
+    const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFll));
+    for (int64_t r = 0; r < c; r += 32)
+        for (int q = 0; q < 8; q++) {
+            __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(y + r + 4 * q));
+            a[q] = _mm256_add_pd(a[q], square ? _mm256_mul_pd(v, v) : _mm256_and_pd(v, magnitude));
+        }
+    for (int q = 0; q < 4; q++) a[q] = _mm256_add_pd(a[q], a[q + 4]);
+    for (int q = 0; q < 2; q++) a[q] = _mm256_add_pd(a[q], a[q + 2]);
+    __m256d s4 = _mm256_add_pd(a[0], a[1]);
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 #else
     double acc[32] = {0};
     for (int64_t r = 0; r < c; r += 32)
@@ -366,42 +424,6 @@ static inline uint32_t quantize_one(const job_t *J, float z) {
 static void quantize(const job_t *J, const float *y, int64_t c, float sigma, uint8_t *qhi, uint8_t *qlo) {
     int ok = sigma > 0;
     int64_t i = 0;
-#ifdef __AVX2__
-    const __m256 vs = _mm256_set1_ps(sigma), lo = _mm256_set1_ps(POLY_LO), hi = _mm256_set1_ps(-POLY_LO);
-    const __m256 per = _mm256_set1_ps((float)POLY_PER_UNIT), zero = _mm256_setzero_ps();
-    const __m256i cells = _mm256_set1_epi32(POLY_CELLS - 1), qmax = _mm256_set1_epi32((1 << QBITS) - 1);
-    const __m256i izero = _mm256_setzero_si256(), byte = _mm256_set1_epi32(0xFF);
-    for (; i + 8 <= c; i += 8) {
-        __m256 z = ok ? _mm256_div_ps(_mm256_loadu_ps(y + i), vs) : zero;
-        z = _mm256_blendv_ps(z, zero, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
-        __m256 zc = _mm256_min_ps(_mm256_max_ps(z, lo), hi);
-        __m256 u = _mm256_mul_ps(_mm256_sub_ps(zc, lo), per);
-        __m256i m = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(u), izero), cells);
-        __m256 t = _mm256_sub_ps(u, _mm256_cvtepi32_ps(m));
-        __m256i m4 = _mm256_slli_epi32(m, 2);
-        __m256 g = _mm256_i32gather_ps(J->poly + 3, m4, 4);
-        g = _mm256_add_ps(_mm256_i32gather_ps(J->poly + 2, m4, 4), _mm256_mul_ps(t, g));
-        g = _mm256_add_ps(_mm256_i32gather_ps(J->poly + 1, m4, 4), _mm256_mul_ps(t, g));
-        g = _mm256_add_ps(_mm256_i32gather_ps(J->poly, m4, 4), _mm256_mul_ps(t, g));
-        __m256i q = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(g), izero), qmax);
-        /* (T[q], T[q+1]) as one 8-byte element: 8 loads instead of 16 */
-        __m256i pa = _mm256_i32gather_epi64((const long long *)J->thresholds, _mm256_castsi256_si128(q), 4);
-        __m256i pb = _mm256_i32gather_epi64((const long long *)J->thresholds, _mm256_extracti128_si256(q, 1), 4);
-        const __m256i evens = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-        pa = _mm256_permutevar8x32_epi32(pa, evens); /* T[q] of lanes 0-3, then T[q+1] of them */
-        pb = _mm256_permutevar8x32_epi32(pb, evens);
-        __m256 tq = _mm256_castsi256_ps(_mm256_permute2x128_si256(pa, pb, 0x20));
-        __m256 tq1 = _mm256_castsi256_ps(_mm256_permute2x128_si256(pa, pb, 0x31));
-        __m256 below = _mm256_cmp_ps(z, tq, _CMP_LT_OQ);
-        __m256 above = _mm256_cmp_ps(z, tq1, _CMP_GE_OQ);
-        q = _mm256_sub_epi32(_mm256_add_epi32(q, _mm256_castps_si256(below)), _mm256_castps_si256(above));
-        __m256i h8 = _mm256_srli_epi32(q, 8), l8 = _mm256_and_si256(q, byte);
-        __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h8), _mm256_extracti128_si256(h8, 1));
-        __m128i l16 = _mm_packus_epi32(_mm256_castsi256_si128(l8), _mm256_extracti128_si256(l8, 1));
-        _mm_storel_epi64((__m128i *)(qhi + i), _mm_packus_epi16(h16, h16));
-        _mm_storel_epi64((__m128i *)(qlo + i), _mm_packus_epi16(l16, l16));
-    }
-#endif
     for (; i < c; i++) {
         uint32_t q = quantize_one(J, ok ? y[i] / sigma : 0.0f);
         qhi[i] = (uint8_t)(q >> 8);
@@ -422,7 +444,7 @@ static arrived_t planes_arrived(int k, int64_t c, int64_t len) {
     return (arrived_t){plane, whole, whole < k ? len - whole * plane : 0};
 }
 
-#ifdef TL_AVX512
+#ifdef TL_VEC
 /* 2^16·Φ(z/√3) = 2^15·erfc(−z/√6): for |z| < 8, 2^15·erfc(|z|/√6) from a degree-6
    polynomial per half-unit segment of |z| (least squares at Chebyshev nodes, off by under
    0.001 of a step before rounding; coefficients picked from registers by vpermps), and for
@@ -450,6 +472,17 @@ static const float ERFC_SEGMENTS[7][16] = { /* [d][k]: the coefficient of t^d in
      -1.45842755f, -0.317877024f, 0.306491435f, 0.471866995f, 0.391833514f, 0.247831136f, 0.130009055f, 0.0586224198f},
 };
 
+/* The guess's own cell where it is unambiguous: a lane whose guess (before truncation)
+   lies more than FAST_MARGIN of a step from both ends of its cell is in that cell. Proved,
+   not sampled: `tl_fast_cell_misses` walks every finite float32 and finds no exception
+   (the guess is off by under 0.001 of a step: a margin of 0.0005 has 333). The margin is
+   set by z_times' proof instead: at 0.01 every float within 4 steps of a threshold is
+   ambiguous, at 0.008 56 are not. Only the other 1/50 of Gaussian lanes fetch thresholds
+   (with the earlier erfc-based guess, off by 0.0176, it took a margin of 0.02 and 1/25). */
+#define FAST_MARGIN 0.01f
+#endif
+
+#ifdef TL_AVX512
 static inline __attribute__((always_inline)) void guess16_floats(const __m512 *z, __m512 *g, int n) {
     __m512 a[4], t[4], p[4];
     __m512i seg[4];
@@ -507,15 +540,6 @@ static inline __m512 z_times(const float *y, __m512 vr) {
     __m512 z = _mm512_mul_ps(_mm512_loadu_ps(y), vr);
     return _mm512_mask_mov_ps(z, _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q), _mm512_setzero_ps());
 }
-
-/* The guess's own cell where it is unambiguous: a lane whose guess (before truncation)
-   lies more than FAST_MARGIN of a step from both ends of its cell is in that cell. Proved,
-   not sampled: `tl_fast_cell_misses` walks every finite float32 and finds no exception
-   (the guess is off by under 0.001 of a step: a margin of 0.0005 has 333). The margin is
-   set by z_times' proof instead: at 0.01 every float within 4 steps of a threshold is
-   ambiguous, at 0.008 56 are not. Only the other 1/50 of Gaussian lanes fetch thresholds
-   (with the earlier erfc-based guess, off by 0.0176, it took a margin of 0.02 and 1/25). */
-#define FAST_MARGIN 0.01f
 
 static inline __mmask16 ambiguous16(__m512 g) {
     __m512 frac = _mm512_sub_ps(g, _mm512_roundscale_ps(g, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
@@ -737,6 +761,207 @@ static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t 
         centroids32(J->table, &L, reverse8_epi16(q), i, y);
     }
 }
+#elif defined(TL_VEC)
+/* AVX2: the AVX-512 path's arithmetic 8 lanes at a time, without hardware gathers where
+   a path runs for every coordinate (microcoded and slow on AMD Zen 2/3, and on Intel
+   cores with the Gather Data Sampling mitigation): the guess's coefficients come from
+   registers, a plane's bits from byte shuffles, the centroids from scalar loads. */
+
+/* ERFC_SEGMENTS[d][seg] for 8 lanes: vpermps picks within each 8-float half, bit 3 of the
+   segment (shifted to the sign bit) chooses the half. */
+static inline __m256 segment_coef(__m256i seg, const float *coef) {
+    __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(coef), seg);
+    __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(coef + 8), seg);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(seg, 28)));
+}
+
+/* The AVX-512 guess (guess16_floats), lane for lane the same operations: the same floats. */
+static inline __attribute__((always_inline)) void guess8_floats(const __m256 *z, __m256 *g, int n) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 t[4], p[4];
+    __m256i seg[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < n; k++) {
+        __m256 a = _mm256_min_ps(_mm256_and_ps(z[k], magnitude), _mm256_set1_ps(0x1.fffffep2f)); /* below 8 */
+        seg[k] = _mm256_cvttps_epi32(_mm256_add_ps(a, a));
+        t[k] = _mm256_sub_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(seg[k]), _mm256_set1_ps(0.5f), _mm256_set1_ps(0.25f)));
+        p[k] = segment_coef(seg[k], ERFC_SEGMENTS[6]);
+    }
+#pragma GCC unroll 6
+    for (int d = 5; d >= 0; d--) {
+#pragma GCC unroll 4
+        for (int k = 0; k < n; k++) p[k] = _mm256_fmadd_ps(p[k], t[k], segment_coef(seg[k], ERFC_SEGMENTS[d]));
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < n; k++)
+        g[k] = _mm256_blendv_ps(p[k], _mm256_sub_ps(_mm256_set1_ps(65536.0f), p[k]),
+                                _mm256_cmp_ps(z[k], _mm256_setzero_ps(), _CMP_GE_OQ));
+}
+
+static inline __m256i truncate8(__m256 g) {
+    __m256i q = _mm256_cvttps_epi32(g);
+    return _mm256_min_epi32(_mm256_max_epi32(q, _mm256_setzero_si256()), _mm256_set1_epi32((1 << QBITS) - 1));
+}
+
+/* lanes (bit t: lane t) whose guess lies within FAST_MARGIN of its cell's ends */
+static inline int ambiguous8(__m256 g) {
+    __m256 frac = _mm256_sub_ps(g, _mm256_floor_ps(g));
+    return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(FAST_MARGIN), _CMP_LT_OQ),
+                                           _mm256_cmp_ps(frac, _mm256_set1_ps(1.0f - FAST_MARGIN), _CMP_GT_OQ)));
+}
+
+/* y·(1/σ), NaN as 0 (the AVX-512 path's z_times and its proof) */
+static inline __m256 z_times8(const float *y, __m256 vr) {
+    __m256 z = _mm256_mul_ps(_mm256_loadu_ps(y), vr);
+    return _mm256_and_ps(z, _mm256_cmp_ps(z, z, _CMP_ORD_Q));
+}
+
+/* LEFT_PACK[m]: the lanes set in m, in order, one byte each (AVX2 has no compress: a
+   register's ambiguous lanes are queued with a permute from this table, branch-free). */
+static uint64_t LEFT_PACK[256];
+
+__attribute__((constructor)) static void left_pack_init(void) {
+    for (unsigned m = 0; m < 256; m++) {
+        uint64_t v = 0;
+        int n = 0;
+        for (int l = 0; l < 8; l++)
+            if (m & (1u << l)) v |= (uint64_t)l << (8 * n++);
+        LEFT_PACK[m] = v;
+    }
+}
+
+/* q16 of c values (c a multiple of 32): the guess's cell where unambiguous; the ambiguous
+   lanes' indices queued (`queue`: c + 8 ints), then each the exact count (quantize_one of
+   y/σ, scalar: 1 lane in 50 of Gaussian input). Fixed on the spot instead, their branches
+   mispredicted and their threshold loads waited one by one. */
+static void quantize_fast8(const job_t *J, const float *y, int64_t c, float sigma, int ok, uint16_t *q,
+                           int32_t *queue) {
+    int times = ok && sigma >= 0x1p-125f && sigma <= 0x1p125f;
+    const __m256 vr = _mm256_set1_ps(times ? 1.0f / sigma : 0.0f);
+    const unsigned all = times ? 0 : 0xFFu;
+    int64_t waiting = 0;
+    for (int64_t i = 0; i < c; i += 32) {
+        __m256 z[4], g[4];
+        for (int k = 0; k < 4; k++) z[k] = z_times8(y + i + 8 * k, vr);
+        guess8_floats(z, g, 4);
+        __m256i a = _mm256_packus_epi32(truncate8(g[0]), truncate8(g[1])); /* 32-bit lanes to 16, in order */
+        __m256i b = _mm256_packus_epi32(truncate8(g[2]), truncate8(g[3]));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permute4x64_epi64(a, 0xD8));
+        _mm256_storeu_si256((__m256i *)(q + i + 16), _mm256_permute4x64_epi64(b, 0xD8));
+        for (int k = 0; k < 4; k++) {
+            unsigned amb = (unsigned)ambiguous8(g[k]) | all;
+            __m256i at = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)LEFT_PACK[amb]));
+            _mm256_storeu_si256((__m256i *)(queue + waiting), _mm256_add_epi32(at, _mm256_set1_epi32((int)(i + 8 * k))));
+            waiting += __builtin_popcount(amb);
+        }
+    }
+    for (int64_t j = 0; j < waiting; j++) {
+        int32_t at = queue[j];
+        q[at] = (uint16_t)quantize_one(J, ok ? y[at] / sigma : 0.0f);
+    }
+}
+
+/* Plane j (bit 15 − j of q16), coordinate t of each 8 at bit 7 − t: 32 coordinates' high
+   and low bytes, each 8 reversed, in two registers; a plane is a byte mask of one, the
+   next plane that register's bytes doubled. */
+static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body,
+                                    uint8_t *scratch) {
+    float sigma = sqrtf(lane_sum_sq_f32(y, c) / (float)c);
+    int k = J->planes;
+    int64_t plane = c / 8;
+    uint16_t *q = (uint16_t *)scratch;
+    quantize_fast8(J, y, c, sigma, sigma > 0, q, (int32_t *)(scratch + 2 * J->coords));
+    /* per 128-bit lane (8 coordinates): their low bytes reversed, then their high bytes */
+    const __m256i split = _mm256_setr_epi8(14, 12, 10, 8, 6, 4, 2, 0, 15, 13, 11, 9, 7, 5, 3, 1,
+                                           14, 12, 10, 8, 6, 4, 2, 0, 15, 13, 11, 9, 7, 5, 3, 1);
+    for (int64_t i = 0; i < c; i += 32) {
+        __m256i a = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + i)), split), 0xD8);
+        __m256i b = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + i + 16)), split), 0xD8);
+        __m256i hi = _mm256_permute2x128_si256(a, b, 0x31), lo = _mm256_permute2x128_si256(a, b, 0x20);
+        for (int j = 0; j < k && j < 8; j++, hi = _mm256_add_epi8(hi, hi)) {
+            uint32_t m = (uint32_t)_mm256_movemask_epi8(hi);
+            memcpy(body + j * plane + i / 8, &m, 4);
+        }
+        for (int j = 8; j < k; j++, lo = _mm256_add_epi8(lo, lo)) {
+            uint32_t m = (uint32_t)_mm256_movemask_epi8(lo);
+            memcpy(body + j * plane + i / 8, &m, 4);
+        }
+    }
+    return sigma;
+}
+
+/* The bits of one plane's 4 bytes (32 coordinates) as 32 bytes, 0xFF where set, in
+   coordinate order (bit 7 − t of byte b is coordinate 8b + t). */
+static inline __m256i plane_bytes(uint32_t m) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x0102040810204080ull);
+    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), spread), bit);
+    return _mm256_cmpeq_epi8(b, bit);
+}
+
+/* A plane's 4 bytes at `at`, of which `n` arrived (the partial plane's prefix: the rest 0). */
+static inline uint32_t plane_word(const uint8_t *at, int64_t n) {
+    uint32_t m = 0;
+    if (n >= 4) memcpy(&m, at, 4);
+    else memcpy(&m, at, (size_t)n);
+    return m;
+}
+
+/* table[idx] for 8 lanes, scalar loads: a lane's bits xor (sign ≪ 31) */
+static inline __m256 lookup8(const float *table, __m256i idx, __m256i sign) {
+    uint32_t at[8], out[8], s[8];
+    _mm256_storeu_si256((__m256i *)at, idx);
+    _mm256_storeu_si256((__m256i *)s, sign);
+    const uint32_t *t = (const uint32_t *)table;
+    for (int l = 0; l < 8; l++) out[l] = t[at[l]] ^ s[l];
+    return _mm256_loadu_ps((const float *)out);
+}
+
+/* The inverse: q16's known bits from whole planes and the partial plane's prefix, then
+   the centroids; a whole 16-plane packet's from the lower half of `fine` (fine32). */
+static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t len, float scale,
+                                   int64_t c, float *y) {
+    int k = J->planes;
+    arrived_t got = planes_arrived(k, c, len);
+    int64_t plane = got.plane, whole = got.whole, part = got.part;
+    uint32_t marker = 1u << (k - whole), refined = marker >> 1;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vmark = _mm256_set1_epi32((int)marker);
+    const __m256i vref = _mm256_set1_epi32((int)refined), nref = _mm256_set1_epi32((int)(8 * part));
+    const __m128i drop = _mm_cvtsi32_si128(QBITS - k);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const int finest = k == 16 && whole == 16;
+    for (int64_t i = 0; i < c; i += 32) {
+        /* the high bytes from planes 0-7, the low from 8-15, plane j's bit 0x80 ≫ (j mod 8)
+           (halved a plane: a byte's bit 0 is clear until the eighth) */
+        __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256(), bit = _mm256_set1_epi8((char)0x80);
+        int64_t have = whole + (i / 8 < part); /* planes with bits here: whole ones, then the partial one's */
+        for (int j = 0; j < have && j < 8; j++, bit = _mm256_srli_epi16(bit, 1))
+            hi = _mm256_or_si256(hi, _mm256_and_si256(plane_bytes(plane_word(body + j * plane + i / 8, j < whole ? 4 : part - i / 8)), bit));
+        bit = _mm256_set1_epi8((char)0x80);
+        for (int j = 8; j < have; j++, bit = _mm256_srli_epi16(bit, 1))
+            lo = _mm256_or_si256(lo, _mm256_and_si256(plane_bytes(plane_word(body + j * plane + i / 8, j < whole ? 4 : part - i / 8)), bit));
+        /* q16 per 128-bit lane: unpacklo holds coordinates 0-7 and 16-23, unpackhi 8-15 and 24-31 */
+        __m256i lo16 = _mm256_unpacklo_epi8(lo, hi), hi16 = _mm256_unpackhi_epi8(lo, hi);
+        __m128i parts[4] = {_mm256_castsi256_si128(lo16), _mm256_castsi256_si128(hi16),
+                            _mm256_extracti128_si256(lo16, 1), _mm256_extracti128_si256(hi16, 1)};
+        for (int h = 0; h < 4; h++) {
+            __m256i q = _mm256_cvtepu16_epi32(parts[h]);
+            __m256 v;
+            if (finest) { /* fine[q] = −fine[q ^ 0xFFFF]: the lower half, negated for the upper */
+                __m256i upper = _mm256_srai_epi32(_mm256_slli_epi32(q, 16), 31);
+                __m256i half = _mm256_xor_si256(q, _mm256_and_si256(upper, _mm256_set1_epi32(0xFFFF)));
+                v = lookup8(J->fine, half, _mm256_slli_epi32(upper, 31));
+            } else {
+                __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32((int)(i + 8 * h)));
+                __m256i mark = _mm256_blendv_epi8(vmark, vref, _mm256_cmpgt_epi32(nref, idx));
+                v = lookup8(J->table, _mm256_or_si256(_mm256_slli_epi32(_mm256_srl_epi32(q, drop), 1), mark),
+                            _mm256_setzero_si256());
+            }
+            _mm256_storeu_ps(y + i + 8 * h, _mm256_mul_ps(v, vscale));
+        }
+    }
+}
 #else
 static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, uint8_t *body,
                                     uint8_t *q) {
@@ -746,38 +971,12 @@ static float embedded_encode_packet(const job_t *J, const float *y, int64_t c, u
     /* plane j is bit 15-j of q16 (the top K bits of q16 are the K-bit index) */
     int64_t plane = c / 8;
     int k = J->planes;
-#ifdef __AVX2__
-    /* all 16 planes: 4 columns at a time, transposed in registers, 4 bytes a plane a store
-       (the inverse of the decoder's gather) */
-    const __m128i t4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    uint64_t cols[8];
-#endif
     for (int64_t g8 = 0; g8 < plane; g8++) {
         uint64_t hi, lo;
         memcpy(&hi, qhi + 8 * g8, 8);
         memcpy(&lo, qlo + 8 * g8, 8);
         hi = antitranspose8(hi);
         lo = antitranspose8(lo);
-#ifdef __AVX2__
-        if (k == 16) {
-            cols[2 * (g8 & 3)] = hi;
-            cols[2 * (g8 & 3) + 1] = lo;
-            if ((g8 & 3) == 3) {
-                __m128i x0 = _mm_loadu_si128((const __m128i *)cols), x1 = _mm_loadu_si128((const __m128i *)(cols + 2));
-                __m128i x2 = _mm_loadu_si128((const __m128i *)(cols + 4)), x3 = _mm_loadu_si128((const __m128i *)(cols + 6));
-                __m128i a = _mm_unpacklo_epi32(x0, x1), b = _mm_unpacklo_epi32(x2, x3);
-                __m128i cc = _mm_unpackhi_epi32(x0, x1), d = _mm_unpackhi_epi32(x2, x3);
-                __m128i r[4] = {_mm_unpacklo_epi64(a, b), _mm_unpackhi_epi64(a, b),
-                                _mm_unpacklo_epi64(cc, d), _mm_unpackhi_epi64(cc, d)};
-                for (int q4 = 0; q4 < 4; q4++) {
-                    uint32_t w[4];
-                    _mm_storeu_si128((__m128i *)w, _mm_shuffle_epi8(r[q4], t4));
-                    for (int t = 0; t < 4; t++) memcpy(body + (4 * q4 + t) * plane + g8 - 3, &w[t], 4);
-                }
-            }
-            continue;
-        }
-#endif
         for (int j = 0; j < k && j < 8; j++) body[j * plane + g8] = (uint8_t)(hi >> (8 * j));
         for (int j = 8; j < k; j++) body[j * plane + g8] = (uint8_t)(lo >> (8 * (j - 8)));
     }
@@ -792,71 +991,26 @@ static void embedded_decode_packet(const job_t *J, const uint8_t *body, int64_t 
     uint32_t marker = 1u << (k - whole), refined = marker >> 1;
     int64_t refined_coords = 8 * part;
     const float *table = J->table;
-#ifdef __AVX2__
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vmark = _mm256_set1_epi32((int)marker);
-    const __m256i vref = _mm256_set1_epi32((int)refined), nref = _mm256_set1_epi32((int)refined_coords);
-    const __m128i drop = _mm_cvtsi32_si128(QBITS - k);
-    const __m256 vscale = _mm256_set1_ps(scale);
-#endif
-#ifdef __AVX2__
-    /* all 16 planes (an untrimmed packet): 4 columns of bytes at a time, plane j's bytes
-       g8..g8+3 in one load, transposed in registers into (hi, lo) per column */
-    const __m128i t4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    uint64_t cols[8];
-    int fast = k == 16 && whole == 16;
-#endif
     for (int64_t g8 = 0; g8 < plane; g8++) {
         uint64_t hi = 0, lo = 0;
-#ifdef __AVX2__
-        if (fast) {
-            if ((g8 & 3) == 0) {
-                __m128i r[4];
-                for (int q4 = 0; q4 < 4; q4++) {
-                    uint32_t w[4];
-                    for (int t = 0; t < 4; t++) memcpy(&w[t], body + (4 * q4 + t) * plane + g8, 4);
-                    r[q4] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)w), t4);
-                }
-                __m128i a = _mm_unpacklo_epi32(r[0], r[1]), b = _mm_unpacklo_epi32(r[2], r[3]);
-                __m128i c = _mm_unpackhi_epi32(r[0], r[1]), d = _mm_unpackhi_epi32(r[2], r[3]);
-                _mm_storeu_si128((__m128i *)cols, _mm_unpacklo_epi64(a, b));
-                _mm_storeu_si128((__m128i *)(cols + 2), _mm_unpackhi_epi64(a, b));
-                _mm_storeu_si128((__m128i *)(cols + 4), _mm_unpacklo_epi64(c, d));
-                _mm_storeu_si128((__m128i *)(cols + 6), _mm_unpackhi_epi64(c, d));
-            }
-            hi = cols[2 * (g8 & 3)];
-            lo = cols[2 * (g8 & 3) + 1];
-        } else
-#endif
-        {
-            for (int j = 0; j < whole; j++) { /* complete planes */
-                uint64_t b = body[j * plane + g8];
-                if (j < 8) hi |= b << (8 * j);
-                else lo |= b << (8 * (j - 8));
-            }
-            if (g8 < part) { /* the partial plane's prefix */
-                uint64_t b = body[whole * plane + g8];
-                if (whole < 8) hi |= b << (8 * whole);
-                else lo |= b << (8 * (whole - 8));
-            }
+        for (int j = 0; j < whole; j++) { /* complete planes */
+            uint64_t b = body[j * plane + g8];
+            if (j < 8) hi |= b << (8 * j);
+            else lo |= b << (8 * (j - 8));
+        }
+        if (g8 < part) { /* the partial plane's prefix */
+            uint64_t b = body[whole * plane + g8];
+            if (whole < 8) hi |= b << (8 * whole);
+            else lo |= b << (8 * (whole - 8));
         }
         hi = antitranspose8(hi);
         lo = antitranspose8(lo);
-#ifdef __AVX2__
-        __m256i h32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)hi));
-        __m256i l32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)lo));
-        __m256i q = _mm256_srl_epi32(_mm256_or_si256(_mm256_slli_epi32(h32, 8), l32), drop);
-        __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32((int)(8 * g8)));
-        __m256i mark = _mm256_blendv_epi8(vmark, vref, _mm256_cmpgt_epi32(nref, idx));
-        __m256i v = _mm256_or_si256(_mm256_slli_epi32(q, 1), mark);
-        _mm256_storeu_ps(y + 8 * g8, _mm256_mul_ps(_mm256_i32gather_ps(table, v, 4), vscale));
-#else
         for (int t = 0; t < 8; t++) {
             int64_t i = 8 * g8 + t;
             uint32_t q16 = (uint32_t)((hi >> (8 * t)) & 0xFF) << 8 | (uint32_t)((lo >> (8 * t)) & 0xFF);
             uint32_t v = ((q16 >> (QBITS - k)) << 1) | (i < refined_coords ? refined : marker);
             y[i] = table[v] * scale;
         }
-#endif
     }
 }
 
@@ -871,6 +1025,13 @@ void tl_quantize16(const float *thresholds, const float *poly, const float *z, i
     if (queue) { /* as the encoder quantizes (σ = 1) */
         i = n / 16 * 16;
         quantize_fast16(thresholds, z, i, 1.0f, 1, out, queue);
+        free(queue);
+    }
+#elif defined(TL_VEC)
+    int32_t *queue = malloc((size_t)(n / 32 * 32 + 8) * sizeof(int32_t));
+    if (queue) { /* as the encoder quantizes (σ = 1) */
+        i = n / 32 * 32;
+        quantize_fast8(&J, z, i, 1.0f, 1, out, queue);
         free(queue);
     }
 #endif
@@ -906,6 +1067,26 @@ int64_t tl_fast_cell_misses(const float *thresholds, int64_t stride) {
             misses += __builtin_popcount((unsigned)(wrong & (__mmask16)~ambiguous16(g)));
         }
     return misses;
+#elif defined(TL_VEC)
+    /* the AVX2 guess's own proof (the same floats as AVX-512's, here checked, not assumed):
+       its cell is right where T[q] ≤ z < T[q + 1] */
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i last = _mm256_set1_epi32(0x7F7FFFFF); /* the largest finite float */
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    int64_t misses = 0;
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint64_t b = 0; b <= 0x7F7FFFFFu; b += 8 * (uint64_t)stride) {
+            __m256i bits = _mm256_add_epi32(_mm256_set1_epi32((int)b), _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)stride)));
+            bits = _mm256_or_si256(_mm256_min_epu32(bits, last), _mm256_set1_epi32((int)(sign << 31)));
+            __m256 z = _mm256_castsi256_ps(bits), g;
+            guess8_floats(&z, &g, 1);
+            __m256i q = truncate8(g);
+            __m256 tq = _mm256_i32gather_ps(thresholds, q, 4), tq1 = _mm256_i32gather_ps(thresholds + 1, q, 4);
+            __m256 wrong = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(z, tq, _CMP_LT_OQ), _mm256_cmp_ps(z, tq1, _CMP_GE_OQ)),
+                                        _mm256_cmp_ps(_mm256_and_ps(z, magnitude), _mm256_set1_ps(0x1p-100f), _CMP_LT_OQ));
+            misses += __builtin_popcount((unsigned)(_mm256_movemask_ps(wrong) & ~ambiguous8(g)));
+        }
+    return misses;
 #else
     (void)thresholds;
     (void)stride;
@@ -917,9 +1098,9 @@ int64_t tl_fast_cell_misses(const float *thresholds, int64_t stride) {
    encoder would take as unambiguous (ambiguous16 false). 0 with steps = 4 is the proof
    that the guess may start from y·(1/σ) (z_times). −1 in a build without that path. */
 int64_t tl_threshold_neighbours_unambiguous(const float *thresholds, int steps) {
-#ifdef TL_AVX512
+#ifdef TL_VEC
     int64_t taken = 0;
-    float w[16];
+    float w[TL_VEC];
     int filled = 0;
     for (int64_t j = 1; j < (1 << QBITS); j++) {
         float lo = thresholds[j], hi = thresholds[j];
@@ -929,11 +1110,18 @@ int64_t tl_threshold_neighbours_unambiguous(const float *thresholds, int steps) 
         }
         for (float v = lo;; v = nextafterf(v, INFINITY)) {
             w[filled++] = v;
-            if (filled == 16 || v == hi) { /* (a partial last register repeats its lanes) */
-                for (int t = filled; t < 16; t++) w[t] = w[0];
+            if (filled == TL_VEC || v == hi) { /* (a partial last register repeats its lanes) */
+                for (int t = filled; t < TL_VEC; t++) w[t] = w[0];
+#ifdef TL_AVX512
                 __m512 z = _mm512_loadu_ps(w), g;
                 guess16_floats(&z, &g, 1);
-                taken += __builtin_popcount((unsigned)(__mmask16)~ambiguous16(g) & ((1u << filled) - 1));
+                unsigned amb = (unsigned)ambiguous16(g);
+#else
+                __m256 z = _mm256_loadu_ps(w), g;
+                guess8_floats(&z, &g, 1);
+                unsigned amb = (unsigned)ambiguous8(g);
+#endif
+                taken += __builtin_popcount(~amb & ((1u << filled) - 1));
                 filled = 0;
             }
             if (v == hi) break;
@@ -980,6 +1168,34 @@ static void sign_tail_pack(const float *y, int64_t c, uint8_t *body) {
             __m512i word = _mm512_or_si512(_mm512_sllv_epi32(_mm512_and_si512(cur, lo[h]), lsh[h]),
                                            _mm512_srlv_epi32(_mm512_and_si512(next, mag), rsh[h]));
             _mm512_mask_storeu_epi32(w + 16 * h, keep, word);
+        }
+    }
+#elif defined(__AVX2__)
+    const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+    for (; 8 * g8 + 8 <= c; g8++)
+        body[g8] = (uint8_t)_mm256_movemask_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(y + 8 * g8), rev));
+    /* word j = 8h + lane: (v[j] & low 31 − j bits) ≪ (j + 1) | |v[j + 1]| ≫ (30 − j) */
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i one = _mm256_set1_epi32(1), mag = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i seven = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0); /* the last register: 7 words */
+    __m256i lsh[4], rsh[4], lo[4];
+    for (int h = 0; h < 4; h++) {
+        __m256i j = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h));
+        lsh[h] = _mm256_add_epi32(j, one);
+        rsh[h] = _mm256_sub_epi32(_mm256_set1_epi32(30), j);
+        lo[h] = _mm256_sub_epi32(_mm256_srlv_epi32(_mm256_set1_epi32((int)0x80000000u), j), one);
+    }
+    for (; g < c / 32; g++) {
+        const uint32_t *v = raw + 32 * g;
+        uint32_t *w = tail + 31 * g;
+        for (int h = 0; h < 4; h++) {
+            __m256i cur = _mm256_loadu_si256((const __m256i *)(v + 8 * h));
+            __m256i next = h < 3 ? _mm256_loadu_si256((const __m256i *)(v + 8 * h + 1))
+                                 : _mm256_maskload_epi32((const int *)(v + 8 * h + 1), seven);
+            __m256i word = _mm256_or_si256(_mm256_sllv_epi32(_mm256_and_si256(cur, lo[h]), lsh[h]),
+                                           _mm256_srlv_epi32(_mm256_and_si256(next, mag), rsh[h]));
+            if (h < 3) _mm256_storeu_si256((__m256i *)(w + 8 * h), word);
+            else _mm256_maskstore_epi32((int *)(w + 8 * h), seven, word);
         }
     }
 #endif
@@ -1172,12 +1388,12 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     uint64_t key = tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s));
     float inv_sqrt = (float)(1.0 / sqrt((double)n));
     int straight = straight_through(J);
-#ifdef TL_AVX512
+#ifdef TL_VEC
     if (J->rotated && J->filled == n && n >= 32) { /* fewer passes: read x, prescale and flip in the first */
         const start_t S = {x, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, s + 1 < J->count ? x + J->filled : NULL};
         const finish_t F = {inv_sqrt, 0.0f, NULL, NULL};
         flip_masks(key, n, masks);
-        fwht_avx512(buf, n, &S, &F);
+        fwht_vec(buf, n, &S, &F);
     } else
 #endif
     if (!straight) {
@@ -1259,12 +1475,12 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
     }
     uint64_t key = tl_span_key(J->seed, J->step, J->bucket, (uint64_t)(J->first_span + s));
     float inv_sqrt = (float)(1.0 / sqrt((double)n));
-#ifdef TL_AVX512
+#ifdef TL_VEC
     if (J->rotated && J->filled == n && n >= 32) { /* the last pass scales, flips, unscales, writes out */
         const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, e) : 0.0f, masks, J->out + s * J->filled};
         const start_t S = {buf, 0.0f, NULL, NULL};
         flip_masks(key, n, masks);
-        fwht_avx512(buf, n, &S, &F);
+        fwht_vec(buf, n, &S, &F);
         return;
     }
 #endif
@@ -1287,9 +1503,9 @@ static void *run_part(void *arg) {
     part_t *P = arg;
     const job_t *J = P->job;
     float *buf = aligned_alloc(64, (size_t)((J->size * 4 + 63) / 64 * 64));
-    /* embedded's q16 of a packet, then (AVX-512) its queue of ambiguous lanes */
+    /* embedded's q16 of a packet, then (vector builds) its queue of ambiguous lanes */
     uint8_t *q = malloc((size_t)J->coords * 2 + ((size_t)J->coords + 16) * 4);
-    uint16_t *masks = malloc((size_t)(J->size / 16 + 1) * sizeof(uint16_t)); /* a span's sign flips */
+    uint16_t *masks = malloc((size_t)(J->size / 8 + 1) * sizeof(uint16_t)); /* a span's sign flips */
     if (!buf || !q || !masks) {
         free(buf);
         free(q);
