@@ -1174,13 +1174,16 @@ static void sign_tail_pack(const float *y, int64_t c, uint8_t *body) {
     const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
     for (; 8 * g8 + 8 <= c; g8++)
         body[g8] = (uint8_t)_mm256_movemask_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(y + 8 * g8), rev));
-    /* word j = 8h + lane: (v[j] & low 31 − j bits) ≪ (j + 1) | |v[j + 1]| ≫ (30 − j) */
+    /* word j = (v[j] & low 31 − j bits) ≪ (j + 1) | |v[j + 1]| ≫ (30 − j), 8 words a
+       register: j from 0, 8, 16 and 23 (the last overlaps the third by one word, so that
+       every load and store is a whole register inside the group: masked stores are slow
+       on AMD) */
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i one = _mm256_set1_epi32(1), mag = _mm256_set1_epi32(0x7FFFFFFF);
-    const __m256i seven = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0); /* the last register: 7 words */
+    const int first[4] = {0, 8, 16, 23};
     __m256i lsh[4], rsh[4], lo[4];
     for (int h = 0; h < 4; h++) {
-        __m256i j = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h));
+        __m256i j = _mm256_add_epi32(lane, _mm256_set1_epi32(first[h]));
         lsh[h] = _mm256_add_epi32(j, one);
         rsh[h] = _mm256_sub_epi32(_mm256_set1_epi32(30), j);
         lo[h] = _mm256_sub_epi32(_mm256_srlv_epi32(_mm256_set1_epi32((int)0x80000000u), j), one);
@@ -1189,13 +1192,11 @@ static void sign_tail_pack(const float *y, int64_t c, uint8_t *body) {
         const uint32_t *v = raw + 32 * g;
         uint32_t *w = tail + 31 * g;
         for (int h = 0; h < 4; h++) {
-            __m256i cur = _mm256_loadu_si256((const __m256i *)(v + 8 * h));
-            __m256i next = h < 3 ? _mm256_loadu_si256((const __m256i *)(v + 8 * h + 1))
-                                 : _mm256_maskload_epi32((const int *)(v + 8 * h + 1), seven);
+            __m256i cur = _mm256_loadu_si256((const __m256i *)(v + first[h]));
+            __m256i next = _mm256_loadu_si256((const __m256i *)(v + first[h] + 1));
             __m256i word = _mm256_or_si256(_mm256_sllv_epi32(_mm256_and_si256(cur, lo[h]), lsh[h]),
                                            _mm256_srlv_epi32(_mm256_and_si256(next, mag), rsh[h]));
-            if (h < 3) _mm256_storeu_si256((__m256i *)(w + 8 * h), word);
-            else _mm256_maskstore_epi32((int *)(w + 8 * h), seven, word);
+            _mm256_storeu_si256((__m256i *)(w + first[h]), word);
         }
     }
 #endif
