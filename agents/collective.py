@@ -4,9 +4,10 @@ the DDP hook. Rank k owns the k-th shard of every bucket.
 - `reduce_scatter`: every rank sends each owner that owner's shard with the run's codec on
   the trimmable DSCP; the owner decodes what arrived at whatever precision it arrived and
   averages per coordinate over the contributions that arrived (its own is exact).
-- `all_gather`: each owner sends a shard-sized tensor on the reliable channel (the
-  averaged gradient for the hook, its updated parameters for the worker), so every rank
-  ends with identical values.
+- `all_gather`: each owner sends a shard-sized tensor to every other rank on the
+  all-gather streams (trimlab.agents.stream: TCP on the control class; the averaged
+  gradient for the hook, its updated parameters for the worker), so every rank ends with
+  identical values.
 
 Owner k's shard of bucket i travels as wire bucket i * world + k.
 """
@@ -21,6 +22,7 @@ from trimlab import wire
 from trimlab.agents.collect import Collector
 from trimlab.agents.failure import MissedSteps, ProtocolError
 from trimlab.agents.node import Node
+from trimlab.agents.stream import Mesh
 from trimlab.agents.transport import gradient_sender
 from trimlab.codec import CodecContext, packing
 from trimlab.config import PHASES, AgentConfig
@@ -43,6 +45,10 @@ class ShardedAllReduce:
         self.node = Node(cfg, me, {w.addr: w.name for r, w in enumerate(cfg.workers) if r != rank},
                          receive_gradients=True)
         t = cfg.transport
+        if self.others:
+            self.node.mesh = Mesh(cfg.job, rank, {r: w.addr for r, w in enumerate(cfg.workers)}, t.stream_port,
+                                  t.control_dscp, t.ipv6, self.node.name_of, self.node.newest_params,
+                                  self.node.discarded)
         self.senders = {r: gradient_sender(t, cfg.mtu, a, me, r) for r, a in self.others.items()}
         self.deadline_s = t.deadline_ms / 1e3
         self.missed = MissedSteps(self.node.ctx, cfg.max_missed_steps)
@@ -142,21 +148,30 @@ class ShardedAllReduce:
             packets = self.node.codec.encode(shard, ctx)
             data = packing.pack(packets)
             shard = self.node.codec.decode(packets, ctx, hi - lo).tensor  # what the others will hold
-        if hi > lo and self.others:
-            self.node.broadcast(step, own, data, list(self.others.values()),
-                                give_up_s=self._timeout(step, "give_up_s"))
+        if self.others and not self.node.mesh.connected:  # the first all-gather: every rank is up by now
+            self.node.mesh.connect(self._timeout(step, "params_s"))
+            self.node.wait_stream_peers(self._timeout(step, "params_s"))
+        if hi > lo:
+            for r in self.others:
+                self.node.mesh.send(r, step, own, data if isinstance(data, bytes)
+                                    else data.to(torch.float32).contiguous().numpy().tobytes())
         out[lo:hi] = shard
         for owner, addr in self.others.items():
             s_lo, s_hi = bounds[owner]
             if s_hi == s_lo:
                 continue
             b, timeout = self.wire_bucket(index, owner), self._timeout(step, "params_s")
+            got = self.node.wait_streamed(addr, step, b, timeout)
             if compress and self.gathered_compressed(s_hi - s_lo):
                 ctx = self._gather_ctx(step, b)
-                packets = packing.unpack(self.node.codec, self.node.wait_bytes(addr, step, b, timeout), ctx, s_hi - s_lo)
-                out[s_lo:s_hi] = self.node.codec.decode(packets, ctx, s_hi - s_lo).tensor
+                out[s_lo:s_hi] = self.node.codec.decode(packing.unpack(self.node.codec, got, ctx, s_hi - s_lo),
+                                                        ctx, s_hi - s_lo).tensor
             else:
-                out[s_lo:s_hi] = self.node.wait_params(addr, step, b, s_hi - s_lo, timeout)
+                if len(got) != 4 * (s_hi - s_lo):
+                    raise ProtocolError(f"all-gather of step {step} from {self.node.name_of(addr)}: "
+                                        f"{len(got) // 4} values, expected {s_hi - s_lo}")
+                out[s_lo:s_hi] = torch.frombuffer(got, dtype=torch.float32)
+        self.node.flush_streams()  # the kernel has our shard: no peer waits on our next pump
         self._phase("gather_ms", w0)
         return out
 
@@ -170,12 +185,13 @@ class ShardedAllReduce:
         return packing.packed_size(self.node.codec, numel, self._gather_ctx(0, 0)) < 4 * numel
 
     def close(self) -> None:
-        """Deliver what is still unacknowledged and answer peers' retransmissions a moment."""
-        try:
-            self.node.flush_broadcasts()
-        except ProtocolError:
-            pass  # a peer that already left acknowledged what it needed
-        self.node.drain(1.0)
+        """Deliver what is still queued, then end the streams once every peer has ended its
+        (closing with a peer's bytes unread would reset the connection under them)."""
+        if self.node.mesh is not None:
+            try:
+                self.node.close_streams(self.cfg.timeouts.give_up_s)
+            except ProtocolError:
+                pass  # a peer that already left has everything it needed
         for tx in self.senders.values():
             tx.close()
         self.node.close()

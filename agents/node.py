@@ -27,6 +27,7 @@ from trimlab.agents.reliable import (
     Broadcast,
 )
 from trimlab.agents.rx import Arrived
+from trimlab.agents.stream import Mesh
 from trimlab.agents.transport import Batch, Datagram, Receiver, packed_addr
 from trimlab.codec import get_codec
 from trimlab.config import AgentConfig
@@ -65,6 +66,7 @@ class Node:
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
         self.newest_params: dict[str, tuple[int, int]] = {}  # peer address -> newest (step, shard) it broadcast
         self.bye = False
+        self.mesh: Mesh | None = None  # the all-gather's TCP connections (a sharded all-reduce's node)
         self.ctx = NodeContext(self.codec, self.job, self.seed, self.span, self.coords, self.mtu, self.ipv6,
                                self.peer_addrs, self.peer_index, self.name_of, self.last_heard, self.discarded,
                                lambda data, dest: self.ctrl.sendto(data, (dest, self.ctrl_port)),
@@ -75,6 +77,8 @@ class Node:
         if self.data is not None:
             self.data.close()
         self.ctrl.close()
+        if self.mesh is not None:
+            self.mesh.close()
 
     def state(self) -> str:
         """What is in flight, for error messages: assemblies, unacknowledged chunks, discards."""
@@ -82,7 +86,11 @@ class Node:
                         for k, a in self.assemblies.items())
         out = ", ".join(f"step {b.step} shard {b.shard} to {self.peers.get(d, d)}: {len(p)} chunks"
                         for b in self.broadcasts for d, p in b.pending.items() if p)
-        return (f"receiving [{asm or 'nothing'}]; unacknowledged [{out or 'nothing'}] "
+        streams = ""
+        if self.mesh is not None:
+            streams = (f"all-gather streams: {len(self.mesh.peers)} of {len(self.mesh.addrs)} connected, "
+                       f"{self.mesh.unsent()} bytes queued; ")
+        return (f"{streams}receiving [{asm or 'nothing'}]; unacknowledged [{out or 'nothing'}] "
                 f"({self.ctrl.unsent_bytes()} bytes not yet sent); "
                 f"discarded {dict(self.discarded) or 'nothing'}; collectors {sorted(self.collectors)}")
 
@@ -100,7 +108,10 @@ class Node:
     # receiving
     def pump(self, timeout: float = 0.01) -> None:
         socks = [s.sock for s in (self.data, self.ctrl) if s is not None]
-        ready = select.select(socks, [], [], timeout)[0]
+        streams, writing = self.mesh.sockets() if self.mesh is not None else ([], [])
+        ready, writable, _ = select.select(socks + streams, writing, [], timeout)
+        if self.mesh is not None:
+            self.mesh.progress(ready, writable)
         now = time.monotonic()
         if self.data is not None and self.data.sock in ready:
             batch = self.data.recv_many(timeout=0, max_packets=self._wanted())
@@ -249,6 +260,41 @@ class Node:
             if time.monotonic() - t0 > timeout_s:
                 raise ProtocolError(f"no parameters of step {step} (shard {shard}) from "
                                     f"{self.name_of(src)} within {timeout_s:g} s; {self.state()}")
+            self.pump()
+
+    def wait_streamed(self, src: str, step: int, shard: int, timeout_s: float) -> bytearray:
+        """The message (step, shard) from `src` on the all-gather stream, once all of it came."""
+        key = (src, step, shard)
+        t0 = time.monotonic()
+        while key not in self.mesh.received:
+            if time.monotonic() - t0 > timeout_s:
+                raise ProtocolError(f"no all-gather message of step {step} (shard {shard}) from "
+                                    f"{self.name_of(src)} within {timeout_s:g} s; {self.state()}")
+            self.pump()
+        return self.mesh.received.pop(key)
+
+    def wait_stream_peers(self, timeout_s: float) -> None:
+        """Until every higher rank connected its all-gather stream (the lower ones we connect)."""
+        t0 = time.monotonic()
+        while not self.mesh.connected:
+            if time.monotonic() - t0 > timeout_s:
+                missing = [self.name_of(a) for r, a in self.mesh.addrs.items() if r not in self.mesh.peers]
+                raise ProtocolError(f"no all-gather stream from {', '.join(missing)} within {timeout_s:g} s")
+            self.pump()
+
+    def flush_streams(self) -> None:
+        """Until the kernel holds everything queued on the all-gather streams."""
+        while self.mesh is not None and self.mesh.unsent():
+            self.pump()
+
+    def close_streams(self, timeout_s: float) -> None:
+        """Flush, end our side of every stream, and read until every peer ended its own."""
+        self.flush_streams()
+        self.mesh.end()
+        t0 = time.monotonic()
+        while not self.mesh.all_ended():
+            if time.monotonic() - t0 > timeout_s:
+                raise ProtocolError(f"all-gather streams not ended by every peer within {timeout_s:g} s")
             self.pump()
 
     def expect(self, step: int, bucket: int, ranks: dict[int, str], numel: int,

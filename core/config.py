@@ -111,6 +111,11 @@ class TransportConfig(_Strict):
     def control_port(self) -> int:
         return self.port + 1
 
+    @property
+    def stream_port(self) -> int:
+        """The all-gather's TCP connections (trimlab.agents.stream)."""
+        return self.port + 2
+
 
 class Timeouts(_Strict):
     startup_s: float = 90.0  # the first step: every agent still starting

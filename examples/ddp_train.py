@@ -1,7 +1,9 @@
 """A plain torch DDP training script: an MLP on scikit-learn's digits (shipped with the
 package, no download), SGD with momentum, gloo for rendezvous. It runs under torchrun or
 `trimlab run experiments/ddp.yaml`, which sets torchrun's environment on every worker.
-The one trimlab line is the comm hook; `--comm allreduce` runs DDP's own gloo all-reduce.
+The one trimlab line is the comm hook; `--comm allreduce` runs DDP's own gloo all-reduce,
+`--comm local` no gradient exchange at all (each rank steps on its own gradient: the
+compute floor of a step on this host).
 `--data mnist1d --model cnn` trains trimlab's MNIST-1D workload instead (the same data and
 model for every contender); `--eval-every N` adds test accuracy to every Nth step line.
 
@@ -28,7 +30,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--comm", choices=["trimlab", "allreduce"], default="trimlab")
+    ap.add_argument("--comm", choices=["trimlab", "allreduce", "local"], default="trimlab")
     ap.add_argument("--data", choices=["digits", "mnist1d"], default="digits",
                     help="mnist1d: trimlab's MNIST-1D workload (its data and model, the same for every contender)")
     ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
@@ -78,6 +80,12 @@ def main() -> None:
             trimlab_hook,
         )
         ddp.register_comm_hook(TrimlabState.from_env(), trimlab_hook)
+    elif args.comm == "local":
+        def keep_local(_, bucket):
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        ddp.register_comm_hook(None, keep_local)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     g = torch.Generator().manual_seed(1000 * args.seed + rank)  # each rank its own batches
 

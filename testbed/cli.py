@@ -18,6 +18,7 @@ from rich.table import Table
 from trimlab.testbed import provision as prov
 from trimlab import resources, rundir
 from trimlab.testbed.doctor import run_checks
+from trimlab.config import parse_rate
 from trimlab.errors import SpecError, TrimlabError
 from trimlab.spec import TrimPlan, load_profile, validated
 from trimlab import platforms
@@ -322,14 +323,26 @@ def bench_transport(as_json: bool = typer.Option(False, "--json", help="print th
 @bench_app.command("ddp")
 def bench_ddp(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
               quick: bool = typer.Option(False, help="models 5k and 1M, fewer steps, one round"),
-              models: str = typer.Option(None, help="comma-separated, of 5k, 1M, 5M (default: all; --quick: 5k,1M)")):
+              models: str = typer.Option(None, help="comma-separated, of 5k, 1M, 5M (default: all; --quick: 5k,1M)"),
+              rates: str = typer.Option("100mbit", help="port rates, comma-separated, e.g. 100mbit,1gbit,2500mbit"),
+              mtu: int = typer.Option(1500, help="data network MTU (1280..9000)")):
     """Step time of a DDP script with trimlab's comm hook vs gloo all-reduce, on a virtual rack."""
     from trimlab.bench.ddp import MODELS, run  # heavy (torch, pandas): only for this command
 
     chosen = [m.strip() for m in models.split(",")] if models else None
     if chosen and (bad := [m for m in chosen if m not in MODELS]):
         raise TrimlabError(f"--models {','.join(bad)}: choose from {', '.join(MODELS)}")
-    result = run(quick=quick, models=chosen)
+    listed = [r.strip() for r in rates.split(",") if r.strip()]
+    for r in listed:
+        try:
+            bps = parse_rate(r)
+        except SpecError:
+            raise TrimlabError(f"--rates {r}: use a number with kbit, mbit or gbit (e.g. 1gbit)") from None
+        if not 1_000_000 <= bps <= 100_000_000_000:
+            raise TrimlabError(f"--rates {r}: use 1mbit..100gbit")
+    if not 1280 <= mtu <= 9000:
+        raise TrimlabError(f"--mtu {mtu}: use 1280..9000")
+    result = run(quick=quick, models=chosen, rates=listed, mtu=mtu)
     print(json.dumps(result, indent=None if as_json else 2))
 
 

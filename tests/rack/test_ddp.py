@@ -69,14 +69,17 @@ def test_bench_ddp_quick():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
-    assert set(r["models"]) == {"5k", "1M"} and r["models"]["1M"]["parameters"] > 1e6
-    for m in r["models"].values():
+    at = r["rates"]["100mbit"]
+    assert set(at["models"]) == {"5k", "1M"} and at["models"]["1M"]["parameters"] > 1e6
+    for m in at["models"].values():
+        assert m["compute_floor_ms"] > 0 and m["wire_bound_ms"]["hook"] > 0 and m["wire_bound_ms"]["allreduce"] > 0
         for key in ("no_congestion", "with_congestion"):
             assert m[key]["hook_step_ms"] > 0 and m[key]["allreduce_step_ms"] > 0 and m[key]["hook_over_allreduce"] > 0
             assert set(m[key]["hook_phases_ms"]) == set(PHASES)
     # nothing trimmed (the small model never fills a port): all-reduce's result up to the
     # codec's untrimmed error; the 1 M model's own incast is trimmed even without a flow
-    assert r["models"]["5k"]["no_congestion"]["params_rel_diff"] < 1e-4
-    assert r["models"]["1M"]["no_congestion"]["params_rel_diff"] < 0.05
-    assert set(r["targets"]) == {"hook_le_allreduce_from_1M", "hook_le_half_allreduce_congested_from_1M"}
+    assert at["models"]["5k"]["no_congestion"]["params_rel_diff"] < 1e-4
+    assert at["models"]["1M"]["no_congestion"]["params_rel_diff"] < 0.05
+    assert set(r["targets"]) == {"hook_le_allreduce_from_1M", "hook_le_half_allreduce_congested_from_1M",
+                                 "hook_within_2x_wire_bound_at_1gbit"}
     assert_nothing_left("bdd", "none")
