@@ -2,7 +2,8 @@
 ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the same run.
 
 - send: a worker-shaped sender (`python -m trimlab.bench.transport_rate send`) encodes 1 Mi
-  coordinates a step with the run's codec (embedded, B for MTU 1500) and sends them
+  coordinates a step with the run's codec (embedded, B filling the MTU: `--mtu`, 1500 or
+  jumbo frames up to 9000) and sends them
   through `agents.transport.Sender` (`send_frames`: UDP GSO runs straight from the
   frames array); the rate is what ps1's NIC received during the sender's own timed loop
   (it says ready once python, torch and the codec are warm: start-up is not timed).
@@ -46,13 +47,12 @@ from trimlab.testbed.vrack import rack
 NUMEL = 1 << 20
 BURST_STEPS = 100  # about 150 k packets, 0.3 s at blast's rate; some 350 MB of socket buffer
 SO_RCVBUFFORCE = 33  # socket.h: SO_RCVBUF past net.core.rmem_max (CAP_NET_ADMIN)
-MTU = 1500
 JOB = 21
 
 
-def _cfg(sender: str, receiver: str) -> AgentConfig:
-    coords = wire.max_coords(get_codec("embedded"), MTU)
-    return AgentConfig(name="bench-transport", job=JOB, seed=1, steps=1, mtu=MTU, topology="ps",
+def _cfg(sender: str, receiver: str, mtu: int) -> AgentConfig:
+    coords = min(4096, wire.max_coords(get_codec("embedded"), mtu))
+    return AgentConfig(name="bench-transport", job=JOB, seed=1, steps=1, mtu=mtu, topology="ps",
                        workload=WorkloadConfig(), codec=CodecConfig(name="embedded", span=4096, coords=coords),
                        transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=10), ps=HostConfig(name="ps1", addr=receiver),
                        workers=[HostConfig(name="w1", addr=sender)])
@@ -117,9 +117,9 @@ def receive(cfg: AgentConfig, steps: int) -> dict:
     return {"decoded": decoded, "trimmed": trimmed, "lost": lost, "seconds": seconds, "steps": steps}
 
 
-def run(quick: bool = False, rack_id: str = "btr") -> dict:
+def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
     seconds, rounds = (1.0, 3) if quick else (3.0, 5)
-    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", MTU, 0), owned=True)
+    st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", mtu, 0), owned=True)
     procs: list[subprocess.Popen] = []
     try:
         sw = st.vswitch()
@@ -127,8 +127,8 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
         sw.apply({"BUFFER_PROFILE": {"deep": {"static_th": str(1 << 30), "packet_discard_action": "trim"}},
                   "BUFFER_QUEUE": {f"{','.join(st.ports)}|0-7": {"profile": "deep"}},
                   "SWITCH_TRIMMING": {"GLOBAL": {"size": "256"}}})
-        cfg = _cfg(w1.data_ipv4, ps.data_ipv4)
-        size = len(wire.packetize(torch.zeros(4096), get_codec("embedded"), MTU, cfg.codec.coords)[0])
+        cfg = _cfg(w1.data_ipv4, ps.data_ipv4, mtu)
+        size = len(wire.packetize(torch.zeros(4096), get_codec("embedded"), mtu, cfg.codec.coords)[0])
         exe = _blaster()
         # blast's sink: a socket that never reads (the stack drops at its queue, no ICMP)
         procs.append(subprocess.Popen(["ip", "netns", "exec", ps.ns, sys.executable, "-c",
@@ -155,7 +155,7 @@ def run(quick: bool = False, rack_id: str = "btr") -> dict:
             return (_rx_packets(ps.ns) - before) / (time.monotonic() - t0)
 
         out: dict = {"bench": "transport", "quick": quick, "rounds": rounds, "seconds": seconds, "numel": NUMEL,
-                     "codec": "embedded", "payload_bytes": size}
+                     "mtu": mtu, "codec": "embedded", "coords": cfg.codec.coords, "payload_bytes": size}
         for trimmed in (False, True):
             sw.apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": "1" if trimmed else "0", "action": "trim"}}})
             rows, lost = {"blast_pps": [], "send_pps": [], "send_serial_pps": [], "receive_decode_pps": []}, 0

@@ -312,11 +312,13 @@ def bench_pcap(as_json: bool = typer.Option(False, "--json", help="print the JSO
 
 @bench_app.command("transport")
 def bench_transport(as_json: bool = typer.Option(False, "--json", help="print the JSON object only"),
-                    quick: bool = typer.Option(False, help="1 s points, 3 rounds")):
+                    quick: bool = typer.Option(False, help="1 s points, 3 rounds"),
+                    mtu: int = typer.Option(1500, help="data network MTU (1280..9000): packets fill it")):
     """Gradient packets/s a worker sends and a ps receives and decodes, ÷ blast.c's rate."""
     from trimlab.bench.transport_rate import run  # heavy (torch): only for this command
 
-    result = run(quick=quick)
+    _check_mtu(mtu)
+    result = run(quick=quick, mtu=mtu)
     print(json.dumps(result, indent=None if as_json else 2))
 
 
@@ -340,10 +342,14 @@ def bench_ddp(as_json: bool = typer.Option(False, "--json", help="print the JSON
             raise TrimlabError(f"--rates {r}: use a number with kbit, mbit or gbit (e.g. 1gbit)") from None
         if not 1_000_000 <= bps <= 100_000_000_000:
             raise TrimlabError(f"--rates {r}: use 1mbit..100gbit")
-    if not 1280 <= mtu <= 9000:
-        raise TrimlabError(f"--mtu {mtu}: use 1280..9000")
+    _check_mtu(mtu)
     result = run(quick=quick, models=chosen, rates=listed, mtu=mtu)
     print(json.dumps(result, indent=None if as_json else 2))
+
+
+def _check_mtu(mtu: int) -> None:
+    if not 1280 <= mtu <= 9000:
+        raise TrimlabError(f"--mtu {mtu}: use 1280..9000")
 
 
 @app.command()
