@@ -55,7 +55,9 @@ class TrimPlan(BaseModel):
 
     trim_size: int = Field(gt=0, description="switch trim size S, from the Ethernet header")
     mtu: int = Field(1500, ge=576, le=9216)
-    coords: int | None = Field(None, description="coordinates per packet B (default: fill the MTU)")
+    coords: int | None = Field(None, description="coordinates per packet B (default: fill the MTU, at most a span)")
+    span: int = Field(4096, description="the rotation's span: a packet carries at most one span (jumbo frames "
+                                        "hold more than 4096 coordinates of some codecs)")
     codec: CodecName = "embedded"
     codec_params: dict[str, Any] = Field(default_factory=dict)
     ipv6: bool = False
@@ -72,10 +74,12 @@ class TrimPlan(BaseModel):
             raise SpecError(f"trim_size={self.trim_size}: cannot keep the {wire.HEADER_LEN}-byte "
                              f"trimlab header over {'IPv6' if self.ipv6 else 'IPv4'}/UDP: "
                              f"use at least {floor}")
+        if self.span < 32 or self.span & (self.span - 1):
+            raise SpecError(f"span={self.span}: use a power of two, at least 32")
         codec = get_codec(self.codec, **self.codec_params)
         best = wire.max_coords(codec, self.mtu, self.ipv6)
         if self.coords is None:
-            self.coords = best
+            self.coords = min(best, self.span)  # as a run chooses (packet_coords)
         elif self.coords % 32 or self.coords <= 0:
             raise SpecError(f"coords={self.coords}: B must be a positive multiple of 32")
         elif self.coords > best:

@@ -79,7 +79,8 @@ def platforms_(as_json: bool = typer.Option(False, "--json", help="print the cat
 @app.command()
 def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim size S (bytes from the Ethernet header)"),
          mtu: int = typer.Option(1500, help="IP MTU of the data network"),
-         coords: int = typer.Option(None, help="coordinates per packet B (default: fill the MTU)"),
+         coords: int = typer.Option(None, help="coordinates per packet B (default: fill the MTU, at most a span)"),
+         span: int = typer.Option(4096, help="the rotation's span (codec.span in a spec)"),
          codec: str = typer.Option("embedded", help="embedded | sign_tail | fp32 | bf16"),
          planes: int = typer.Option(None, help="embedded: bit planes K"),
          unbiased: bool = typer.Option(False, help="embedded/sign_tail: unbiased scaling"),
@@ -91,7 +92,7 @@ def plan(trim_size: int = typer.Option(..., "--trim-size", help="switch trim siz
         params["planes"] = planes
     if unbiased:
         params["unbiased"] = True
-    p = validated(TrimPlan, {"trim_size": trim_size, "mtu": mtu, "coords": coords,
+    p = validated(TrimPlan, {"trim_size": trim_size, "mtu": mtu, "coords": coords, "span": span,
                              "codec": codec, "codec_params": params, "ipv6": ipv6})
     f = p.figures()
     if as_json:

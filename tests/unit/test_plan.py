@@ -60,6 +60,7 @@ def test_jumbo_fp32_and_untrimmed_case():
     (dict(trim_size=128, codec="gzip"), "codec: must be one of"),
     (dict(trim_size=128, mtu=100000), "mtu: Input should be less than or equal to 9216"),
     (dict(trim_size=128, colour="red"), "colour: Extra inputs are not permitted"),
+    (dict(trim_size=128, span=1000), "span=1000: use a power of two, at least 32"),
 ])
 def test_bad_plans_name_the_field(kw, msg):
     with pytest.raises(SpecError, match=msg.replace("(", r"\(")):
@@ -74,7 +75,10 @@ def test_plan_cli_json_and_refusal():
     ok = _cli("plan", "--trim-size", "256", "--mtu", "9000", "--codec", "embedded", "--json")
     assert ok.returncode == 0, ok.stderr
     f = json.loads(ok.stdout)
-    assert f["body_bytes_kept"] == 190 and f["coords"] == 4448
+    # jumbo frames: embedded fits 4448 coordinates, a packet carries at most one span (as a run's)
+    assert f["body_bytes_kept"] == 190 and f["coords"] == 4096
+    wide = json.loads(_cli("plan", "--trim-size", "256", "--mtu", "9000", "--span", "8192", "--json").stdout)
+    assert wide["coords"] == 4448
     bad = _cli("plan", "--trim-size", "60")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: trim_size=60: cannot keep the 24-byte trimlab header over IPv4/UDP: use at least 66"
