@@ -26,6 +26,7 @@ STREAM_VERSION = 1
 HELLO = struct.Struct("!BHH")  # version, job, rank
 MSG = struct.Struct("!HIHI")  # job, step, shard, length
 READ_BYTES = 1 << 20  # one receive call reads up to this much
+MAX_PENDING = 64  # accepted connections still waiting for their HELLO
 
 
 class _Peer:
@@ -59,6 +60,7 @@ class Mesh:
         self.listener.bind((addrs[rank], port))
         self.listener.listen(len(addrs))
         self.listener.setblocking(False)
+        self.hello: dict[socket.socket, tuple[str, bytearray]] = {}  # accepted, HELLO not yet whole
         self.discarded = discarded  # the node's: a connection of no rank of this job
 
     def _tune(self, s: socket.socket) -> None:
@@ -97,7 +99,7 @@ class Mesh:
         """(to read, to write): the listener while a higher rank is missing, every
         connection, and those with something queued."""
         live = [p for p in self.peers.values() if not p.closed]
-        read = [p.sock for p in live]
+        read = [p.sock for p in live] + list(self.hello)
         if not self.connected:
             read.append(self.listener)
         return read, [p.sock for p in live if p.out]
@@ -119,6 +121,8 @@ class Mesh:
     def progress(self, readable: list, writable: list) -> None:
         if self.listener in readable:
             self._accept()
+        for s in [s for s in readable if s in self.hello]:
+            self._greet(s)
         by_sock = {p.sock: (r, p) for r, p in self.peers.items() if not p.closed}
         for s in writable:
             if s in by_sock:
@@ -133,25 +137,36 @@ class Mesh:
                 s, src = self.listener.accept()
             except BlockingIOError:
                 return
-            s.settimeout(5.0)
-            try:
-                hello = b""
-                while len(hello) < HELLO.size:
-                    part = s.recv(HELLO.size - len(hello))
-                    if not part:
-                        break
-                    hello += part
-            except OSError:
-                hello = b""
-            rank = self.rank_of.get(src[0], -1)
-            if len(hello) < HELLO.size or HELLO.unpack(hello) != (STREAM_VERSION, self.job, rank) \
-                    or rank < self.rank or rank in self.peers:
-                self.discarded["stream_unknown"] += 1
-                s.close()
-                continue
-            self._tune(s)
             s.setblocking(False)
-            self.peers[rank] = _Peer(s)
+            if len(self.hello) >= MAX_PENDING:  # connections that never say HELLO: the oldest goes
+                old = next(iter(self.hello))
+                del self.hello[old]
+                old.close()
+                self.discarded["stream_unknown"] += 1
+            self.hello[s] = (src[0], bytearray())
+
+    def _greet(self, s: socket.socket) -> None:
+        """Read an accepted connection's HELLO as it comes (never waiting on a silent one);
+        a whole one from a higher rank of this job makes it that rank's connection."""
+        src, got = self.hello[s]
+        try:
+            part = s.recv(HELLO.size - len(got))
+        except BlockingIOError:
+            return
+        except OSError:
+            part = b""
+        got += part
+        if part and len(got) < HELLO.size:
+            return
+        del self.hello[s]
+        rank = self.rank_of.get(src, -1)
+        if len(got) < HELLO.size or HELLO.unpack(got) != (STREAM_VERSION, self.job, rank) \
+                or rank < self.rank or rank in self.peers:
+            self.discarded["stream_unknown"] += 1
+            s.close()
+            return
+        self._tune(s)
+        self.peers[rank] = _Peer(s)
 
     def _write(self, peer: _Peer) -> None:
         while peer.out:
@@ -223,4 +238,6 @@ class Mesh:
         for p in self.peers.values():
             if not p.closed:
                 p.sock.close()
+        for s in self.hello:
+            s.close()
         self.listener.close()

@@ -1,7 +1,8 @@
 """The all-gather streams (trimlab.agents.stream): three ranks on loopback addresses connect
 (lower ranks connected to, higher ones accepted), messages arrive whole and in order with
 their (step, shard), a connection of another job or from no rank's address is refused and
-counted, and ending the streams reads every peer's end."""
+counted (one that connects and says nothing never holds up the others), and ending the
+streams reads every peer's end."""
 
 import collections
 import select
@@ -75,8 +76,14 @@ def test_a_connection_of_another_job_or_address_is_refused(meshes):
         _pump([meshes[1]], lambda: meshes[1].discarded["stream_unknown"] == (1 if src == ADDRS[2] else 2))
         s.close()
     assert 2 not in meshes[1].peers
+    silent = socket.socket()  # connects and says nothing: waits in its own HELLO state,
+    silent.bind((ADDRS[2], 0))  # never in the way of the pump
+    silent.connect((ADDRS[1], PORT))
+    _pump([meshes[1]], lambda: len(meshes[1].hello) == 1)
     top.connect(5.0)  # the real rank 2 still gets in
     _pump([meshes[1], top], lambda: 2 in meshes[1].peers)
+    silent.close()  # and when the silent one leaves, it is counted
+    _pump([meshes[1]], lambda: meshes[1].discarded["stream_unknown"] == 3 and not meshes[1].hello)
 
 
 @pytest.mark.unit
