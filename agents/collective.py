@@ -180,7 +180,8 @@ class ShardedAllReduce:
                     raise ProtocolError(f"all-gather of step {step} from {self.node.name_of(addr)}: "
                                         f"{len(got) // 4} values, expected {s_hi - s_lo}")
                 out[s_lo:s_hi] = torch.frombuffer(got, dtype=torch.float32)
-        self.node.flush_streams()  # the kernel has our shard: no peer waits on our next pump
+        # the kernel has our shard: no peer waits for this rank's next pump
+        self.node.flush_streams(self._timeout(step, "params_s"))
         self._phase("gather_ms", w0)
         return out
 

@@ -282,14 +282,18 @@ class Node:
                 raise ProtocolError(f"no all-gather stream from {', '.join(missing)} within {timeout_s:g} s")
             self.pump()
 
-    def flush_streams(self) -> None:
+    def flush_streams(self, timeout_s: float) -> None:
         """Until the kernel holds everything queued on the all-gather streams."""
+        t0 = time.monotonic()
         while self.mesh is not None and self.mesh.unsent():
+            if time.monotonic() - t0 > timeout_s:
+                raise ProtocolError(f"all-gather streams not drained within {timeout_s:g} s "
+                                    f"(a peer stopped reading); {self.state()}")
             self.pump()
 
     def close_streams(self, timeout_s: float) -> None:
         """Flush, end our side of every stream, and read until every peer ended its own."""
-        self.flush_streams()
+        self.flush_streams(timeout_s)
         self.mesh.end()
         t0 = time.monotonic()
         while not self.mesh.all_ended():

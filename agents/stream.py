@@ -116,7 +116,8 @@ class Mesh:
         self._write(peer)
 
     def unsent(self) -> int:
-        return sum(len(m) for p in self.peers.values() for m in p.out)
+        """Bytes queued for peers that are still there."""
+        return sum(len(m) for p in self.peers.values() if not p.closed for m in p.out)
 
     def progress(self, readable: list, writable: list) -> None:
         if self.listener in readable:

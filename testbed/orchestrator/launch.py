@@ -15,13 +15,15 @@ def _agent(p: Placement, host: str, module: str, *args: str) -> list[str]:
 
 
 def capture_filter(spec: ExperimentSpec, flows_to_host: int = 0) -> str:
-    """Gradient and control ports (with DDP over gloo: its TCP, the only TCP on the data
-    network); at the background flows' sink their ports too (so the switch's trim count
-    can be matched there)."""
+    """Gradient and control ports; the sharded all-gather's TCP (port + 2), or with DDP over
+    gloo its TCP, the only TCP on the data network; at the background flows' sink their
+    ports too (so the switch's trim count can be matched there)."""
     port = spec.transport.port
     f = f"udp and (port {port} or port {port + 1})"
     if spec.workload.kind == "ddp" and spec.workload.comm == "gloo":
         f = f"tcp or ({f})"
+    elif spec.topology == "sharded":
+        f = f"({f}) or (tcp and port {port + 2})"
     return f"{f} or portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + flows_to_host - 1}" if flows_to_host else f
 
 

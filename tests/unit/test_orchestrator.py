@@ -71,10 +71,12 @@ def test_agents_start_with_the_inventorys_python_and_their_arguments(rack):
 
 def test_the_capture_filter_takes_what_the_run_sends():
     port = spec().transport.port
-    assert launch.capture_filter(spec()) == f"udp and (port {port} or port {port + 1})"
+    assert launch.capture_filter(spec(topology="ps")) == f"udp and (port {port} or port {port + 1})"
+    # the sharded all-gather travels on TCP (trimlab.agents.stream)
+    assert launch.capture_filter(spec(topology="sharded")).endswith(f"or (tcp and port {port + 2})")
     gloo = spec(topology="sharded", workload={"kind": "ddp", "comm": "gloo"})
     assert launch.capture_filter(gloo).startswith("tcp or (")  # gloo's all-reduce is TCP
-    assert launch.capture_filter(spec(), flows_to_host=2).endswith(f"portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + 1}")
+    assert launch.capture_filter(spec(topology="ps"), flows_to_host=2).endswith(f"portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + 1}")
 
 
 @pytest.mark.parametrize("comm", ["gloo", "trimlab"])
