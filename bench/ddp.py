@@ -119,9 +119,14 @@ def _train(st, cfg_path: Path, comm: str, steps: int, model: tuple[int, int], ou
     failed = [f"rank {r}: {e.strip()[-1500:]}" for r, (p, (_, e)) in enumerate(zip(procs, done)) if p.returncode]
     if failed:
         raise RuntimeError(f"ddp_train.py --comm {comm} failed: " + "\n".join(failed))
-    outs = [o for o, _ in done]
-    times = [json.loads(ln)["step_s"] for ln in outs[0].splitlines() if '"event": "step"' in ln]
+    steps_of = [[json.loads(ln) for ln in o.splitlines() if '"event": "step"' in ln] for o, _ in done]
+    times = [e["step_s"] for e in steps_of[0]]
+    # the ranks' CPU in a step (first 3 left out) as a share of the host's cores over rank 0's
+    # step: near 1, the step waits for the CPU, not for the wire
+    cpu = [sum(r[i]["cpu_s"] for r in steps_of) / (os.cpu_count() * steps_of[0][i]["step_s"])
+           for i in range(min(map(len, steps_of))) if steps_of[0][i]["step_s"] > 0][3:]
     result = {"median_step_s": statistics.median(times[3:] or times),
+              "cpu_share": round(statistics.median(cpu), 3) if cpu else None,
               "params": torch.cat([v.reshape(-1) for v in torch.load(out / f"{comm}-0.pt").values()])}
     metrics = out / f"{comm}-0" / rundir.METRICS
     if metrics.exists():  # the hook's phases, rank 0, median over steps after the first 3
@@ -184,8 +189,8 @@ def _at_rate(rack_id: str, rate: str, mtu: int, models: list[str], rounds: int, 
             _config(st, steps, n, bps).write(cfg_path)
             bound = {k: round(8e3 * v / bps, 2) for k, v in wire_bytes(n, mtu).items()}
             res: dict = {"parameters": n, "steps": steps, "wire_bound_ms": bound}
-            floor = [_train(st, cfg_path, "local", steps, model, tmp)["median_step_s"] for _ in range(rounds)]
-            res["compute_floor_ms"] = floor_ms = round(1e3 * statistics.median(floor), 2)
+            floor = [_train(st, cfg_path, "local", steps, model, tmp) for _ in range(rounds)]
+            res["compute_floor_ms"] = floor_ms = round(1e3 * statistics.median(f["median_step_s"] for f in floor), 2)
             for congestion in (False, True):
                 hook, gloo = [], []
                 for _ in range(rounds):
@@ -206,7 +211,8 @@ def _at_rate(rack_id: str, rate: str, mtu: int, models: list[str], rounds: int, 
                             # the step's time beyond the compute floor, against the wire's
                             "hook_exchange_over_wire_bound": round((hook_ms - floor_ms) / bound["hook"], 2)
                             if bound["hook"] else None,
-                            "hook_phases_ms": hook[-1].get("phases_ms", {})}
+                            "hook_phases_ms": hook[-1].get("phases_ms", {}),
+                            "cpu_share": {"hook": hook[-1]["cpu_share"], "allreduce": gloo[-1]["cpu_share"]}}
                 if not congestion:
                     a, b = hook[-1]["params"], gloo[-1]["params"]
                     res[key]["params_rel_diff"] = float((a - b).norm() / b.norm())

@@ -98,14 +98,17 @@ def main() -> None:
 
     start, done, over = time.perf_counter(), 0, False
     for step in range(args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         idx = torch.randint(len(xtr), (args.batch,), generator=g).to(device)
         loss = nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
         line = {"event": "step", "role": "worker", "rank": rank, "step": step, "loss": round(loss.item(), 5),
-                "step_s": round(time.perf_counter() - t0, 5), "t": round(time.perf_counter() - start, 4)}
+                "step_s": round(time.perf_counter() - t0, 5), "t": round(time.perf_counter() - start, 4),
+                # the process's CPU in the step, every thread, user and system (the kernel's
+                # work on its sends included): beside step_s, how busy this rank kept a core
+                "cpu_s": round(time.process_time() - c0, 5)}
         if args.eval_every and (step % args.eval_every == args.eval_every - 1 or step == args.steps - 1):
             line["test_acc"] = round(accuracy(), 5)  # not timed: `t` was taken before
             if args.time_limit:  # the ranks' clocks differ: the first rank past the limit stops them all

@@ -76,6 +76,9 @@ def test_bench_ddp_quick():
         for key in ("no_congestion", "with_congestion"):
             assert m[key]["hook_step_ms"] > 0 and m[key]["allreduce_step_ms"] > 0 and m[key]["hook_over_allreduce"] > 0
             assert set(m[key]["hook_phases_ms"]) == set(PHASES)
+            # the ranks' CPU over the host's cores in their steps (each rank's threads, their
+            # sends' kernel work included): a share, measured per contender
+            assert all(v > 0 for v in m[key]["cpu_share"].values()), m[key]["cpu_share"]
     # nothing trimmed (the small model never fills a port): all-reduce's result up to the
     # codec's untrimmed error; the 1 M model's own incast is trimmed even without a flow
     assert at["models"]["5k"]["no_congestion"]["params_rel_diff"] < 1e-4
