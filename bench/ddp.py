@@ -121,9 +121,10 @@ def _train(st, cfg_path: Path, comm: str, steps: int, model: tuple[int, int], ou
         raise RuntimeError(f"ddp_train.py --comm {comm} failed: " + "\n".join(failed))
     steps_of = [[json.loads(ln) for ln in o.splitlines() if '"event": "step"' in ln] for o, _ in done]
     times = [e["step_s"] for e in steps_of[0]]
-    # the ranks' CPU in a step (first 3 left out) as a share of the host's cores over rank 0's
+    # the ranks' CPU in a step (first 3 left out) as a share of their cores over rank 0's
     # step: near 1, the step waits for the CPU, not for the wire
-    cpu = [sum(r[i]["cpu_s"] for r in steps_of) / (os.cpu_count() * steps_of[0][i]["step_s"])
+    cores = len(os.sched_getaffinity(0))  # the ranks inherit this process's CPUs
+    cpu = [sum(r[i]["cpu_s"] for r in steps_of) / (cores * steps_of[0][i]["step_s"])
            for i in range(min(map(len, steps_of))) if steps_of[0][i]["step_s"] > 0][3:]
     result = {"median_step_s": statistics.median(times[3:] or times),
               "cpu_share": round(statistics.median(cpu), 3) if cpu else None,
