@@ -111,15 +111,26 @@ def _train(st, cfg_path: Path, comm: str, steps: int, model: tuple[int, int], ou
                             "GLOO_SOCKET_IFNAME": "eth1", "TRIMLAB_CONFIG": str(cfg_path),
                             "TRIMLAB_OUT": str(out / f"{comm}-{rank}"),
                             "OMP_NUM_THREADS": "1"}  # 4 ranks share the cores: no oversubscription
-        procs.append(subprocess.Popen(["ip", "netns", "exec", h.ns, sys.executable, str(SCRIPT), "--steps", str(steps),
-                                       "--comm", comm, "--seed", "2", "--width", str(model[0]),
-                                       "--depth", str(model[1]), "--save", str(out / f"{comm}-{{rank}}.pt")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    done = [p.communicate(timeout=900) for p in procs]
-    failed = [f"rank {r}: {e.strip()[-1500:]}" for r, (p, (_, e)) in enumerate(zip(procs, done)) if p.returncode]
+        # output to files, not pipes: a rank blocked on a full pipe that is not being read
+        # (the ranks are waited for one by one) never reaches the others' barrier
+        with open(out / f"{comm}-{rank}.out", "w") as o, open(out / f"{comm}-{rank}.err", "w") as e:
+            procs.append(subprocess.Popen(["ip", "netns", "exec", h.ns, sys.executable, str(SCRIPT), "--steps",
+                                           str(steps), "--comm", comm, "--seed", "2", "--width", str(model[0]),
+                                           "--depth", str(model[1]), "--save", str(out / f"{comm}-{{rank}}.pt")],
+                                          env=env, stdout=o, stderr=e))
+    try:
+        for p in procs:
+            p.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise
+    failed = [f"rank {r}: {(out / f'{comm}-{r}.err').read_text().strip()[-1500:]}"
+              for r, p in enumerate(procs) if p.returncode]
     if failed:
         raise RuntimeError(f"ddp_train.py --comm {comm} failed: " + "\n".join(failed))
-    steps_of = [[json.loads(ln) for ln in o.splitlines() if '"event": "step"' in ln] for o, _ in done]
+    steps_of = [[json.loads(ln) for ln in (out / f"{comm}-{r}.out").read_text().splitlines() if '"event": "step"' in ln]
+                for r in range(len(procs))]
     times = [e["step_s"] for e in steps_of[0]]
     # the ranks' CPU in a step (first 3 left out) as a share of their cores over rank 0's
     # step: near 1, the step waits for the CPU, not for the wire
