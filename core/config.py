@@ -14,6 +14,7 @@ from trimlab.errors import SpecError
 
 REMOTE_ROOT = "/var/tmp/trimlab"  # on every host: one folder per run, the agents' files
 GRADIENT_PORT = 47000  # gradient packets; the reliable control channel is GRADIENT_PORT + 1
+STREAM_PORT_OFFSET = 2  # the sharded all-gather's TCP streams: the gradient port + 2
 TRAFFIC_PORT = 48000  # background flow i: TRAFFIC_PORT + i
 RENDEZVOUS_PORT = 29500  # torch.distributed's rendezvous at rank 0, on the management network
 
@@ -114,7 +115,7 @@ class TransportConfig(_Strict):
     @property
     def stream_port(self) -> int:
         """The all-gather's TCP connections (trimlab.agents.stream)."""
-        return self.port + 2
+        return self.port + STREAM_PORT_OFFSET
 
 
 class Timeouts(_Strict):

@@ -4,7 +4,7 @@ only place that knows how an agent is started on a host."""
 from __future__ import annotations
 
 from trimlab import wire
-from trimlab.config import RENDEZVOUS_PORT, TRAFFIC_PORT
+from trimlab.config import RENDEZVOUS_PORT, STREAM_PORT_OFFSET, TRAFFIC_PORT
 from trimlab.testbed.orchestrator.placement import Placement, ddp_script
 from trimlab.testbed.inventory import SwitchEntry
 from trimlab.spec import BackgroundFlow, ExperimentSpec
@@ -15,7 +15,7 @@ def _agent(p: Placement, host: str, module: str, *args: str) -> list[str]:
 
 
 def capture_filter(spec: ExperimentSpec, flows_to_host: int = 0) -> str:
-    """Gradient and control ports; the sharded all-gather's TCP (port + 2), or with DDP over
+    """Gradient and control ports; the sharded all-gather's TCP streams, or with DDP over
     gloo its TCP, the only TCP on the data network; at the background flows' sink their
     ports too (so the switch's trim count can be matched there)."""
     port = spec.transport.port
@@ -23,7 +23,7 @@ def capture_filter(spec: ExperimentSpec, flows_to_host: int = 0) -> str:
     if spec.workload.kind == "ddp" and spec.workload.comm == "gloo":
         f = f"tcp or ({f})"
     elif spec.topology == "sharded":
-        f = f"({f}) or (tcp and port {port + 2})"
+        f = f"({f}) or (tcp and port {port + STREAM_PORT_OFFSET})"
     return f"{f} or portrange {TRAFFIC_PORT}-{TRAFFIC_PORT + flows_to_host - 1}" if flows_to_host else f
 
 
