@@ -61,7 +61,7 @@ def parameters(width: int, depth: int) -> int:
 
 def _codec_config(mtu: int) -> CodecConfig:
     codec = get_codec("embedded", planes=16)
-    return CodecConfig(name="embedded", params={"planes": 16}, span=4096, coords=min(4096, wire.max_coords(codec, mtu)))
+    return CodecConfig(name="embedded", params={"planes": 16}, span=4096, coords=wire.fill_coords(codec, mtu, 4096))
 
 
 def _config(st, steps: int, params: int, rate_bps: int) -> AgentConfig:

@@ -54,7 +54,7 @@ JOB = 21
 
 
 def _cfg(sender: str, receiver: str, mtu: int) -> AgentConfig:
-    coords = min(4096, wire.max_coords(get_codec("embedded"), mtu))
+    coords = wire.fill_coords(get_codec("embedded"), mtu, 4096)
     return AgentConfig(name="bench-transport", job=JOB, seed=1, steps=1, mtu=mtu, topology="ps",
                        workload=WorkloadConfig(), codec=CodecConfig(name="embedded", span=4096, coords=coords),
                        transport=TransportConfig(dscp=10, control_dscp=46, deadline_ms=10), ps=HostConfig(name="ps1", addr=receiver),

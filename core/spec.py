@@ -79,7 +79,7 @@ class TrimPlan(BaseModel):
         codec = get_codec(self.codec, **self.codec_params)
         best = wire.max_coords(codec, self.mtu, self.ipv6)
         if self.coords is None:
-            self.coords = min(best, self.span)  # as a run chooses (packet_coords)
+            self.coords = wire.fill_coords(codec, self.mtu, self.span, self.ipv6)  # as a run chooses
         elif self.coords % 32 or self.coords <= 0:
             raise SpecError(f"coords={self.coords}: B must be a positive multiple of 32")
         elif self.coords > best:

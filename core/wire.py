@@ -86,6 +86,12 @@ def max_coords(codec, mtu: int, ipv6: bool = False) -> int:
     return (room // per32) * 32 if room > 0 else 0
 
 
+def fill_coords(codec, mtu: int, span: int, ipv6: bool = False) -> int:
+    """B when a run does not set it: as many as fit the MTU, at most one span (jumbo frames
+    hold more than 4096 coordinates of some codecs)."""
+    return min(max_coords(codec, mtu, ipv6), span)
+
+
 @dataclass(frozen=True)
 class PacketIds:
     """Who sent a bucket and which one: everything in the header but the layout."""

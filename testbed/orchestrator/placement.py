@@ -176,7 +176,7 @@ def packet_coords(spec: ExperimentSpec, mtu: int) -> int:
     if spec.codec.coords and spec.codec.coords > best:
         raise SpecError(f"codec.coords={spec.codec.coords}: does not fit mtu={mtu} with codec "
                         f"{codec.name}; at most {best}")
-    return spec.codec.coords or min(best, spec.codec.span)
+    return spec.codec.coords or wire.fill_coords(codec, mtu, spec.codec.span, spec.transport.ipv6)
 
 
 def agent_config(spec: ExperimentSpec, p: Placement, mtu: int, rate_bps: int) -> AgentConfig:
