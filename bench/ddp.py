@@ -114,10 +114,10 @@ def _train(st, cfg_path: Path, comm: str, steps: int, model: tuple[int, int], ou
         # output to files, not pipes: a rank blocked on a full pipe that is not being read
         # (the ranks are waited for one by one) never reaches the others' barrier
         with open(out / f"{comm}-{rank}.out", "w") as o, open(out / f"{comm}-{rank}.err", "w") as e:
-            procs.append(subprocess.Popen(["ip", "netns", "exec", h.ns, sys.executable, str(SCRIPT), "--steps",
-                                           str(steps), "--comm", comm, "--seed", "2", "--width", str(model[0]),
-                                           "--depth", str(model[1]), "--save", str(out / f"{comm}-{{rank}}.pt")],
-                                          env=env, stdout=o, stderr=e))
+            rundir.spawn(procs, ["ip", "netns", "exec", h.ns, sys.executable, str(SCRIPT), "--steps",
+                                 str(steps), "--comm", comm, "--seed", "2", "--width", str(model[0]),
+                                 "--depth", str(model[1]), "--save", str(out / f"{comm}-{{rank}}.pt")],
+                         env=env, stdout=o, stderr=e)
     try:
         for p in procs:
             p.wait(timeout=900)
@@ -147,16 +147,17 @@ def _train(st, cfg_path: Path, comm: str, steps: int, model: tuple[int, int], ou
     return result
 
 
-def _flow(st, dscp: int, rate: str) -> subprocess.Popen:
+def _flow(st, dscp: int, rate: str, into: list[subprocess.Popen]) -> None:
     w1 = next(h for h in st.nic_hosts if h.role == "worker")
     tr = next(h for h in st.nic_hosts if h.role == "traffic")
-    return subprocess.Popen(["ip", "netns", "exec", tr.ns, sys.executable, "-m", "trimlab.agents.traffic", "send",
-                             "--dst", w1.data_ipv4, "--port", str(TRAFFIC_PORT), "--rate", rate, "--dscp", str(dscp)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rundir.spawn(into, ["ip", "netns", "exec", tr.ns, sys.executable, "-m", "trimlab.agents.traffic", "send",
+                        "--dst", w1.data_ipv4, "--port", str(TRAFFIC_PORT), "--rate", rate, "--dscp", str(dscp)],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _stop(flow: subprocess.Popen | None) -> None:
-    if flow is not None:
+def _stop(flows: list[subprocess.Popen]) -> None:
+    while flows:
+        flow = flows.pop()
         flow.terminate()
         try:
             flow.wait(10)
@@ -188,7 +189,7 @@ def _at_rate(rack_id: str, rate: str, mtu: int, models: list[str], rounds: int, 
     flow_rate = f"{max(1, round(FLOW_SHARE * bps / 1e6))}mbit"
     tmp = Path(tempfile.mkdtemp(prefix="trimlab-bench-ddp-"))
     st = rack.up(rack.plan(rack_id, WORKERS, 0, 1, rate, mtu, 0), owned=True)
-    flow = None
+    flows: list[subprocess.Popen] = []
     try:
         prof = load_profile("default")
         st.vswitch().apply(get_target("vswitch").render(prof, [Port(p) for p in st.ports]).config)
@@ -207,12 +208,12 @@ def _at_rate(rack_id: str, rate: str, mtu: int, models: list[str], rounds: int, 
                 hook, gloo = [], []
                 for _ in range(rounds):
                     for comm, runs, dscp in (("trimlab", hook, GRADIENT_DSCP), ("allreduce", gloo, 0)):
-                        flow = _flow(st, dscp, flow_rate) if congestion else None
+                        if congestion:
+                            _flow(st, dscp, flow_rate, flows)
                         try:
                             runs.append(_train(st, cfg_path, comm, steps, model, tmp))
                         finally:
-                            _stop(flow)
-                            flow = None
+                            _stop(flows)
                 key = "with_congestion" if congestion else "no_congestion"
                 hook_ms = 1e3 * statistics.median(h["median_step_s"] for h in hook)
                 res[key] = {"hook_step_ms": round(hook_ms, 2),
@@ -232,7 +233,7 @@ def _at_rate(rack_id: str, rate: str, mtu: int, models: list[str], rounds: int, 
         out["switch"] = st.vswitch().counters()["switch"]
         return out
     finally:
-        _stop(flow)
+        _stop(flows)
         rack.down(st)
         shutil.rmtree(tmp, ignore_errors=True)
 

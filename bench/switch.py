@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from trimlab import native, resources
+from trimlab import native, resources, rundir
 from trimlab.testbed.vrack import rack, vswitch
 
 SOURCE = resources.c_source("bench", "blast.c")
@@ -34,7 +34,7 @@ def _rx_packets(ns: str) -> int:
 def run(quick: bool = False, rack_id: str = "bsw") -> dict:
     seconds, rounds = (0.5, 5) if quick else (1.0, 11)
     st = rack.up(rack.plan(rack_id, 1, 1, 0, "100gbit", 1500, 0), owned=True)
-    sink = None
+    sinks: list[subprocess.Popen] = []
     try:
         sw = st.vswitch()
         w1, ps = st.nic_hosts[0], st.nic_hosts[1]
@@ -43,9 +43,9 @@ def run(quick: bool = False, rack_id: str = "bsw") -> dict:
                "SWITCH_TRIMMING": {"GLOBAL": {"size": "128"}}}
         sw.apply(big)
         # A socket that never reads: the receiver's stack drops at its queue, no ICMP.
-        sink = subprocess.Popen(["ip", "netns", "exec", ps.ns, sys.executable, "-c",
-                                 "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
-                                 "s.bind(('0.0.0.0', 47001)); time.sleep(3600)"])
+        rundir.spawn(sinks, ["ip", "netns", "exec", ps.ns, sys.executable, "-c",
+                             "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+                             "s.bind(('0.0.0.0', 47001)); time.sleep(3600)"])
         exe = _blaster()
         ports = [(h.port, h.port_index) for h in st.nic_hosts]
 
@@ -71,7 +71,7 @@ def run(quick: bool = False, rack_id: str = "bsw") -> dict:
                 pps[mode].append((_rx_packets(ps.ns) - before) / (time.monotonic() - t0 - 0.05))
         trims = sw.counters()["switch"]["TRIM_TX_PKTS"]
     finally:
-        if sink:
+        for sink in sinks:
             sink.kill()
             sink.wait()
         rack.down(st)

@@ -39,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from trimlab import wire
+from trimlab import rundir, wire
 from trimlab.agents.node import Node
 from trimlab.agents.transport import Sender, hold_heap
 from trimlab.bench.switch import _blaster, _rx_packets
@@ -134,16 +134,14 @@ def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
         size = len(wire.packetize(torch.zeros(4096), get_codec("embedded"), mtu, cfg.codec.coords)[0])
         exe = _blaster()
         # blast's sink: a socket that never reads (the stack drops at its queue, no ICMP)
-        procs.append(subprocess.Popen(["ip", "netns", "exec", ps.ns, sys.executable, "-c",
-                                       "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
-                                       f"s.bind(('0.0.0.0', {GRADIENT_PORT + 2})); time.sleep(3600)"]))
+        rundir.spawn(procs, ["ip", "netns", "exec", ps.ns, sys.executable, "-c",
+                             "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+                             f"s.bind(('0.0.0.0', {GRADIENT_PORT + 2})); time.sleep(3600)"])
 
         def agent(ns: str, *argv: str) -> subprocess.Popen:
-            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport_rate", *argv,
-                                  "--config", cfg.model_dump_json()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-            procs.append(p)
-            return p
+            return rundir.spawn(procs, ["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport_rate",
+                                        *argv, "--config", cfg.model_dump_json()], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         def result(p: subprocess.Popen) -> dict:
             out, err = p.communicate(timeout=300)

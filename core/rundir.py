@@ -9,6 +9,7 @@ so a failed or interrupted run keeps what it collected and says why.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import importlib.metadata as md
@@ -435,16 +436,52 @@ def received_signal() -> int | None:
     return _received[0] if _received else None
 
 
+_deferring = 0  # depth of stop_deferred() blocks open in the main thread
+_deferred: list[int] = []  # the stop that arrived inside one, raised when the outermost ends
+
+
+@contextlib.contextmanager
+def stop_deferred():
+    """A block a stop signal must not cut in half: one that arrives inside is raised as
+    Interrupted when the block ends. For a command that creates rack state (cut short, it
+    could still create it after the clean-up looked) and for starting a process whose
+    handle must be kept (cut inside Popen, the child runs on with no one to stop it)."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread():  # handlers run only there
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        if not _deferring and _deferred:
+            raise Interrupted(_deferred.pop())
+
+
+def spawn(into: list[subprocess.Popen], argv: list[str], **kwargs) -> subprocess.Popen:
+    """subprocess.Popen whose process is in `into` (the caller's list of what to stop) even
+    when a stop signal arrives while it starts."""
+    with stop_deferred():
+        p = subprocess.Popen(argv, **kwargs)
+        into.append(p)
+    return p
+
+
 def stop_signals_as_interrupt() -> None:
     """Make SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread, once: the
-    first one unwinds, the ones after it are noted and ignored, so that clean-up finishes;
-    a clean-up that overruns STOP_GRACE_S is cut short by the last resorts."""
+    first one unwinds (at the end of a stop_deferred block, when it arrives in one), the
+    ones after it are noted and ignored, so that clean-up finishes; a clean-up that overruns
+    STOP_GRACE_S is cut short by the last resorts."""
     def handler(signum, frame):
         _received.append(signum)
         if len(_received) == 1:
             timer = threading.Timer(STOP_GRACE_S, _overdue_stop, args=(signum,))
             timer.daemon = True  # a clean-up that finishes in time exits without waiting for it
             timer.start()
+            if _deferring:
+                _deferred.append(signum)
+                return
             raise Interrupted(signum)
 
     for sig in STOP_SIGNALS:

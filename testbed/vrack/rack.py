@@ -56,7 +56,8 @@ def racks_dir() -> Path:
 
 def _run(*cmd: str, check: bool = True, ns: str | None = None, timeout: float = 30):
     full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
-    out = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
+    with rundir.stop_deferred():  # a stop waits for the command: cut, it could still create state after down() looked
+        out = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
     if check and out.returncode:
         raise RackError(f"`{' '.join(full)}` failed: {out.stderr.strip()}")
     return out

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -106,6 +107,54 @@ with RunDir.create(__import__('pathlib').Path({str(tmp_path)!r}), validated(Expe
     m = json.loads((run / "manifest.json").read_text())
     assert m["status"] == "interrupted"
     assert m["reason"] == "interrupted by SIGTERM during training; its clean-up overran 0.5 s and was cut short"
+
+
+def _stopped_inside(tmp_path, body: str) -> subprocess.CompletedProcess:
+    """Run `body` in a process whose stop signals raise Interrupted; it prints what it saw."""
+    code = f"""
+import os, signal, subprocess, sys
+from pathlib import Path
+from trimlab import rundir
+rundir.stop_signals_as_interrupt()
+tmp = Path({str(tmp_path)!r})
+try:
+{textwrap.indent(textwrap.dedent(body), "    ")}
+except rundir.Interrupted as exc:
+    print("interrupted", signal.Signals(exc.signum).name)
+"""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_a_stop_inside_a_rack_command_waits_for_it_and_then_unwinds(tmp_path):
+    """The race CI met: a stop while `ip netns add` ran cut the command, which went on to
+    create its namespace after the clean-up had looked. Here the command signals its parent
+    and then makes its state (after longer than the quarter second subprocess gives an
+    interrupted child): the state exists before the stop is raised."""
+    out = _stopped_inside(tmp_path, """
+        from trimlab.testbed.vrack import rack
+        rack._run("sh", "-c", f"kill -HUP $PPID; sleep 1; touch {tmp}/made")
+        print("not reached")
+    """)
+    assert out.stdout.split("\n")[0] == "interrupted SIGHUP", out.stderr
+    assert (tmp_path / "made").exists()
+
+
+def test_a_stop_while_a_process_starts_still_leaves_its_handle_to_the_caller(tmp_path):
+    """A stop that arrives inside Popen (here: the child signals its parent before exec)
+    would leave the child running with no handle to stop it; spawn puts it in the
+    caller's list first."""
+    out = _stopped_inside(tmp_path, """
+        procs = []
+        try:
+            rundir.spawn(procs, ["sleep", "60"], preexec_fn=lambda: os.kill(os.getppid(), signal.SIGTERM))
+            print("not reached")
+        finally:
+            print("handles", len(procs))
+            for p in procs:
+                p.kill()
+                p.wait()
+    """)
+    assert out.stdout.split() == ["handles", "1", "interrupted", "SIGTERM"], out.stderr
 
 
 def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):

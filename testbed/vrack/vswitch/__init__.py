@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trimlab import native, resources
+from trimlab import native, resources, rundir
 from trimlab.errors import SpecError, TrimlabError
 from trimlab import platforms
 from trimlab.testbed.targets.vswitch import MIN_TRIM_SIZE, NQ
@@ -61,7 +61,8 @@ def build() -> Path:
 def _sh(*cmd: str, ns: str | None = None) -> subprocess.CompletedProcess:
     # nsenter, not `ip netns exec`: the latter remounts /sys and hides /sys/fs/bpf pins.
     full = (["nsenter", f"--net=/run/netns/{ns}"] if ns else []) + list(cmd)
-    out = subprocess.run(full, capture_output=True, text=True)
+    with rundir.stop_deferred():  # a pin or filter half made by a stop would outlive the rack's removal
+        out = subprocess.run(full, capture_output=True, text=True)
     if out.returncode:
         raise SwitchError(f"`{' '.join(full)}` failed: {out.stderr.strip()}")
     return out
