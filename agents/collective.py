@@ -53,7 +53,7 @@ class ShardedAllReduce:
         t = cfg.transport
         if self.others:
             self.node.mesh = Mesh(cfg.job, rank, {r: w.addr for r, w in enumerate(cfg.workers)}, t.stream_port,
-                                  t.control_dscp, t.ipv6, self.node.name_of, self.node.newest_params,
+                                  t.control_dscp, t.ipv6, self.node.name_of, self.node.sent_to_us,
                                   self.node.discarded)
         self.senders = {r: gradient_sender(t, cfg.mtu, a, me, r) for r, a in self.others.items()}
         self.deadline_s = t.deadline_ms / 1e3
@@ -94,13 +94,13 @@ class ShardedAllReduce:
         return self.node.expect(step, self.wire_bucket(index, self.rank), self.others, hi - lo, self.deadline_s)
 
     def reduce_scatter(self, flat: torch.Tensor, step: int, index: int = 0,
-                       coll: Collector | None = None, proof=None) -> tuple[torch.Tensor, dict]:
+                       coll: Collector | None = None) -> tuple[torch.Tensor, dict]:
         """This rank's shard of the mean of `flat` over all ranks, and the packet-log rows of
         what it received. `coll` is the collector `expect` opened, if it was opened early.
-        `proof(rank)`: the (step, shard) of a broadcast that peer `rank` makes only after
-        sending us this bucket; once every peer's newest broadcast reached it, a bucket of
-        which nothing arrived was lost whole, and the step goes on after the deadline
-        instead of waiting for the step timeout."""
+        Each owner is told on its stream once its packets have left (`Mesh.mark_sent`): a
+        bucket lost whole then costs its receiver the deadline, not the step timeout, even
+        when every rank lost the others' (no rank's later message could say so: each
+        waits for the others' packets before it all-gathers)."""
         bounds = shard_bounds(flat.numel(), self.world)
         lo, hi = bounds[self.rank]
         coll = coll or self.expect(step, index, flat.numel())
@@ -123,17 +123,16 @@ class ShardedAllReduce:
             self.stats["packets"] += len(frames)
             self.stats["bytes"] += frames.nbytes
         t = time.monotonic()
-        for tx in self.senders.values():
+        for owner, tx in self.senders.items():
             tx.wait_sent()
+            s_lo, s_hi = bounds[owner]
+            if s_hi > s_lo and self.node.mesh.connected:  # (connected at the first all-gather)
+                self.node.mesh.mark_sent(owner, step, self.wire_bucket(index, owner))
         self._phase("send_ms", t)
         if coll is None:
             return flat[lo:hi], {}
         t = time.monotonic()
-        sent = None
-        if proof is not None:  # a peer whose broadcasts reached proof(rank) has sent us its shard
-            rank_of = {a: r for r, a in self.others.items()}
-            sent = lambda a: self.node.newest_params.get(a, (-1, -1)) >= proof(rank_of[a])  # noqa: E731
-        self.node.collect(coll, self._timeout(step, "step_s"), sent)
+        self.node.collect(coll, self._timeout(step, "step_s"))
         t = self._phase("wait_ms", t)
         red = coll.reduce(local=flat[lo:hi])
         self._phase("decode_ms", t)

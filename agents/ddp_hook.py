@@ -197,9 +197,7 @@ class TrimlabState:
     def allreduce(self, flat: torch.Tensor, index: int) -> torch.Tensor:
         """The mean of `flat` (this rank's bucket `index`, float32 on the CPU) over all ranks."""
         numel = flat.numel()
-        # a peer all-gathers its averaged shard of this bucket after sending us ours
-        mean, rows = self.ar.reduce_scatter(flat, self.step, index,
-                                            proof=lambda r, s=self.step: (s, self.ar.wire_bucket(index, r)))
+        mean, rows = self.ar.reduce_scatter(flat, self.step, index)
         if self.out is not None:
             self.plog.write(rows)
         out = self.ar.all_gather(mean, self.step, numel, index, compress=self.cfg.compress_gather)

@@ -64,7 +64,7 @@ class Node:
         self.early_bytes, self.early_max_bytes = 0, 8 << 20
         self.discarded: collections.Counter = collections.Counter()
         self.last_heard: dict[str, float] = {}  # peer address -> when anything last came from it
-        self.newest_params: dict[str, tuple[int, int]] = {}  # peer address -> newest (step, shard) it broadcast
+        self.sent_to_us: dict[str, tuple[int, int]] = {}  # peer address -> newest (step, bucket) it says it sent
         self.bye = False
         self.mesh: Mesh | None = None  # the all-gather's TCP connections (a sharded all-reduce's node)
         self.ctx = NodeContext(self.codec, self.job, self.seed, self.span, self.coords, self.mtu, self.ipv6,
@@ -192,7 +192,6 @@ class Node:
         body = d.payload[CTRL.size:]
         if kind == PARAMS:
             key = (src, step, shard)
-            self.newest_params[src] = max(self.newest_params.get(src, (-1, -1)), (step, shard))
             if key in self.completed:  # a retransmission: our ACK was lost, send it again
                 return key
             asm = self.assemblies.get(key)
@@ -314,19 +313,18 @@ class Node:
             coll.add(a)
         return coll
 
-    def collect(self, coll: Collector, step_timeout_s: float, sent=None) -> Collector:
+    def collect(self, coll: Collector, step_timeout_s: float) -> Collector:
         """Receive until the collector is complete or its deadline passed. The deadline runs
-        from the first packet; when none came, `sent(addr)` (if given) tells whether that
-        peer has certainly sent its packets already (it is past them): once all have and a
-        deadline passed since the collector opened, every packet was lost, and waiting
-        longer would only stall the step."""
+        from the first packet, or, when none came, from the moment every peer has said on its
+        stream that it sent them (`sent_to_us`): those packets are lost or late, as after a
+        first packet. Without that word it waits up to the step timeout."""
         while not coll.complete:
             now = time.monotonic()
             if coll.expired(now):
                 break
-            if (coll.first is None and sent is not None and now - coll.opened > coll.deadline_s
-                    and all(sent(a) for a in coll.ranks.values())):
-                break
+            if coll.first is None and all(self.sent_to_us.get(a, (-1, -1)) >= (coll.step, coll.bucket)
+                                          for a in coll.ranks.values()):
+                coll.first = now
             if coll.first is None and now - coll.opened > step_timeout_s:
                 names = ", ".join(self.name_of(a) for a in coll.ranks.values())
                 raise ProtocolError(f"no gradient packets of step {coll.step} from {names} "

@@ -6,8 +6,10 @@ of trimlab.agents.reliable took 87 ms to all-gather 1 M parameters among 4 ranks
 1 Gbit/s, whose wire time is 13 ms: `trimlab bench ddp --rates 1gbit`).
 
 A rank connects to every lower rank (retrying until that rank listens) and accepts every
-higher one; each connection opens with HELLO (job, rank). Messages are (job, step, shard,
-length) + bytes, in order on each connection. The node's pump moves them: it accepts,
+higher one; each connection opens with HELLO (job, rank). Messages are (job, kind, step,
+shard, length) + bytes, in order on each connection: DATA carries a shard; SENT (no bytes)
+says the sender has handed the gradient packets of (step, wire bucket) for us to its
+kernel, so a receiver of which none came knows they were lost, not late. The node's pump moves them: it accepts,
 reads whatever arrived into the message being received, and writes what is queued where
 the socket has room, so the channel progresses while the node waits for anything else.
 """
@@ -22,9 +24,10 @@ import time
 from trimlab.agents.failure import ProtocolError
 from trimlab.agents.transport import set_tos
 
-STREAM_VERSION = 1
+STREAM_VERSION = 2
 HELLO = struct.Struct("!BHH")  # version, job, rank
-MSG = struct.Struct("!HIHI")  # job, step, shard, length
+MSG = struct.Struct("!HBIHI")  # job, kind, step, shard, length
+DATA, SENT = 0, 1
 READ_BYTES = 1 << 20  # one receive call reads up to this much
 MAX_PENDING = 64  # accepted connections still waiting for their HELLO
 
@@ -46,7 +49,7 @@ class Mesh:
     """The connections of one rank to every other rank (`addrs`: rank -> data address)."""
 
     def __init__(self, job: int, rank: int, addrs: dict[int, str], port: int, dscp: int, ipv6: bool,
-                 name_of, newest: dict[str, tuple[int, int]], discarded: collections.Counter):
+                 name_of, sent_to_us: dict[str, tuple[int, int]], discarded: collections.Counter):
         self.job, self.rank, self.port, self.dscp, self.name_of = job, rank, port, dscp, name_of
         self.family = socket.AF_INET6 if ipv6 else socket.AF_INET
         self.me = addrs[rank]
@@ -54,7 +57,7 @@ class Mesh:
         self.rank_of = {a: r for r, a in self.addrs.items()}
         self.peers: dict[int, _Peer] = {}
         self.received: dict[tuple[str, int, int], bytearray] = {}  # (address, step, shard) -> bytes
-        self.newest = newest  # address -> newest (step, shard) whose message began (the node's)
+        self.sent_to_us = sent_to_us  # address -> newest (step, wire bucket) it marked SENT (the node's)
         self.listener = socket.socket(self.family, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind((addrs[rank], port))
@@ -110,10 +113,17 @@ class Mesh:
         if peer is None or peer.closed:
             raise ProtocolError(f"no all-gather stream to {self.name_of(self.addrs[rank])} "
                                 f"({'it closed it' if peer else 'not connected yet'})")
-        peer.out.append(memoryview(MSG.pack(self.job, step, shard, len(data))))
+        peer.out.append(memoryview(MSG.pack(self.job, DATA, step, shard, len(data))))
         if data:
             peer.out.append(memoryview(data))
         self._write(peer)
+
+    def mark_sent(self, rank: int, step: int, bucket: int) -> None:
+        """Tell `rank` that our gradient packets of (step, wire bucket) have left."""
+        peer = self.peers.get(rank)
+        if peer is not None and not peer.closed:
+            peer.out.append(memoryview(MSG.pack(self.job, SENT, step, bucket, 0)))
+            self._write(peer)
 
     def unsent(self) -> int:
         """Bytes queued for peers that are still there."""
@@ -201,12 +211,15 @@ class Mesh:
                 self._closed(rank)
                 return
             if peer.body is None and len(peer.head) == MSG.size:
-                job, step, shard, length = MSG.unpack(peer.head)
-                if job != self.job:
-                    raise ProtocolError(f"the all-gather stream from {self.name_of(addr)} carries job {job}, "
-                                        f"not {self.job}")
-                peer.head, peer.body, peer.key, peer.got = bytearray(), bytearray(length), (step, shard), 0
-                self.newest[addr] = max(self.newest.get(addr, (-1, -1)), (step, shard))
+                job, kind, step, shard, length = MSG.unpack(peer.head)
+                if job != self.job or kind not in (DATA, SENT):
+                    raise ProtocolError(f"the all-gather stream from {self.name_of(addr)} carries job {job} "
+                                        f"kind {kind}, not job {self.job} kind {DATA} or {SENT}")
+                peer.head = bytearray()
+                if kind == SENT:
+                    self.sent_to_us[addr] = max(self.sent_to_us.get(addr, (-1, -1)), (step, shard))
+                    continue
+                peer.body, peer.key, peer.got = bytearray(length), (step, shard), 0
             if peer.body is not None and peer.got == len(peer.body):
                 self.received[(addr, *peer.key)] = peer.body
                 peer.body, peer.key = None, None

@@ -4,6 +4,7 @@ progress, from the typed events of their output lines. No UI here: `progress` dr
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,14 @@ from trimlab.testbed import remote
 from trimlab.errors import TrimlabError
 from trimlab.testbed.orchestrator import events
 from trimlab.testbed.orchestrator.placement import RunFailed
+
+# DDP reports a comm hook's failed future as "Unable to cast <the hook's message> to Tensor"
+_DDP_HOOK_ERROR = re.compile(r"Unable to cast (.*) to Tensor$")
+
+
+def _unwrapped(line: str) -> str:
+    """An agent's last log line, with the hook's own message out of DDP's wrapping."""
+    return _DDP_HOOK_ERROR.sub(r"\1", line)
 
 
 @dataclass
@@ -85,7 +94,7 @@ class Monitor:
                 rc = a.proc.wait(1)
                 if rc != 0 or a.kind not in ("worker", "ps"):
                     log = self.logs / rundir.log_file(a.host, a.kind)
-                    tail = [ln.removeprefix("[stderr] ") for ln in log.read_text().splitlines()
+                    tail = [_unwrapped(ln.removeprefix("[stderr] ")) for ln in log.read_text().splitlines()
                             if ln.strip()][-1:] if log.exists() else []
                     if rc in (None, -1) and not a.proc.session.connected:
                         raise RunFailed(f"host {a.host}: lost its SSH connection while its {a.kind} ran "

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +59,23 @@ def launch(tmp: Path, comm: str, world: int = 3, steps: int = 12, base: int = 40
         assert p.returncode == 0, err[-3000:]
         done.append(json.loads([ln for ln in out.splitlines() if '"done"' in ln][-1]))
     return done
+
+
+def each_rank(world: int, body) -> None:
+    """body(rank) for every rank at once, each in its own thread; any rank's error fails."""
+    errors = []
+
+    def run(r):
+        try:
+            body(r)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
 
 
 def flat(path: Path) -> torch.Tensor:
@@ -133,31 +151,19 @@ def test_buckets_of_any_size_average_exactly_enough(tmp_path, device):
     """Three ranks (threads, each its own sockets) reduce buckets of 1, 2, 5 and 70 000
     coordinates: every rank gets the same mean, on the bucket's device, close to the exact
     one (untrimmed codec)."""
-    import threading
-
     cfg = config(3, 42)
     states = [TrimlabState(AgentConfig.model_validate(cfg), r, tmp_path / f"w{r + 1}") for r in range(3)]
     sizes = [1, 2, 5, 70_000]
     grads = {(r, i): torch.randn(n, generator=torch.Generator().manual_seed(10 * r + i)).to(device)
              for r in range(3) for i, n in enumerate(sizes)}
     out: dict = {}
-    errors = []
 
     def rank(r):
-        try:
-            # queued at once, as DDP's hook does; the communication thread completes them in order
-            futs = [states[r].submit(grads[(r, i)], i, i == len(sizes) - 1) for i in range(len(sizes))]
-            for i, fut in enumerate(futs):
-                out[(r, i)] = fut.wait()
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+        # queued at once, as DDP's hook does; the communication thread completes them in order
+        futs = [states[r].submit(grads[(r, i)], i, i == len(sizes) - 1) for i in range(len(sizes))]
+        for i, fut in enumerate(futs):
+            out[(r, i)] = fut.wait()
+    each_rank(3, rank)
     for i, n in enumerate(sizes):
         exact = sum(grads[(r, i)] for r in range(3)) / 3
         assert out[(0, i)].device.type == device
@@ -169,3 +175,69 @@ def test_buckets_of_any_size_average_exactly_enough(tmp_path, device):
     # wire bucket = index × 3 + owner, for the shards rank 0 sends; shard_bounds leaves the
     # first ranks empty in a bucket smaller than the world: nothing is sent for those
     assert layout.owners == {2: 2, 4: 1, 5: 2, 7: 1, 8: 2, 10: 1, 11: 2}
+
+
+def test_a_bucket_every_rank_lost_costs_the_deadline_not_the_step_timeout(tmp_path):
+    """Two ranks (threads, each its own sockets), two buckets a step; every gradient packet
+    of step 1's second bucket is lost both ways, as 50 % injected drops do to a 2-packet
+    bucket. Neither rank can all-gather first and so show the other it is past that bucket:
+    the SENT marks on the streams end it at the deadline, each owner's shard its own
+    contribution, identical on both ranks; step 2 is whole again."""
+    cfg = config(2, 43)
+    cfg["timeouts"] = {"startup_s": 600, "step_s": 600}  # what the step would wait without the marks
+    states = [TrimlabState(AgentConfig.model_validate(cfg), r, tmp_path / f"w{r + 1}") for r in range(2)]
+    lost = (1, 1)  # (step, bucket)
+    for s in states:  # the packets of `lost` never leave (unit test: no switch to drop them)
+        for tx in s.ar.senders.values():
+            def dropping(send, state=s):
+                return lambda frames, *a, **k: None if (state.step, state.index) == lost else send(frames, *a, **k)
+            tx.send_frames, tx.send_frames_later = dropping(tx.send_frames), dropping(tx.send_frames_later)
+    sizes = [3000, 1000]
+    grads = {(r, st, i): torch.randn(n, generator=torch.Generator().manual_seed(100 * r + 10 * st + i))
+             for r in range(2) for st in range(3) for i, n in enumerate(sizes)}
+    out: dict = {}
+
+    def rank(r):
+        for st in range(3):
+            for i in range(len(sizes)):
+                states[r].index = i
+                out[(r, st, i)] = states[r].submit(grads[(r, st, i)], i, i == len(sizes) - 1).wait()
+    each_rank(2, rank)
+    for st in range(3):
+        for i, n in enumerate(sizes):
+            assert torch.equal(out[(0, st, i)], out[(1, st, i)])
+            half = n // 2  # rank 0 owns [0, half), rank 1 the rest
+            own = torch.cat([grads[(0, st, i)][:half], grads[(1, st, i)][half:]])
+            exact = (grads[(0, st, i)] + grads[(1, st, i)]) / 2
+            want = own if (st, i) == lost else exact
+            assert float((out[(0, st, i)] - want).norm() / want.norm()) < 1e-3, (st, i)
+    for s in states:
+        s.close()
+    log = pd.read_csv(tmp_path / "w1" / "packets.csv")
+    assert sorted(set(zip(log["step"], log["bucket"]))) == [(0, 0), (0, 2), (1, 0), (2, 0), (2, 2)]
+
+
+def test_a_failed_hook_reaches_the_runs_reason_in_its_own_words(monkeypatch):
+    """DDP reports a hook's failed future as "Unable to cast <message> to Tensor"; the
+    monitor gives the run's reason the hook's message alone."""
+    import torch.distributed as dist
+
+    from trimlab.testbed.orchestrator.monitor import _unwrapped
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+
+        def failing(state, bucket):
+            fut = torch.futures.Future()
+            fut.set_exception(HookError("no gradient packets of step 3 from w2 within 30 s"))
+            return fut
+        model.register_comm_hook(None, failing)
+        with pytest.raises(RuntimeError) as err:
+            model(torch.ones(3, 4)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    line = f"[rank0]: RuntimeError: {err.value}"
+    assert _unwrapped(line) == "[rank0]: RuntimeError: no gradient packets of step 3 from w2 within 30 s"

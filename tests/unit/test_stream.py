@@ -1,6 +1,6 @@
 """The all-gather streams (trimlab.agents.stream): three ranks on loopback addresses connect
 (lower ranks connected to, higher ones accepted), messages arrive whole and in order with
-their (step, shard), a connection of another job or from no rank's address is refused and
+their (step, shard) and SENT marks between them are kept apart, a connection of another job or from no rank's address is refused and
 counted (one that connects and says nothing never holds up the others), and ending the
 streams reads every peer's end."""
 
@@ -50,7 +50,10 @@ def test_three_ranks_exchange_whole_messages_in_order(meshes):
         for r in ADDRS:
             if r != m.rank:
                 m.send(r, 3, 10 + m.rank, big[:1000 * (m.rank + 1)])
+                m.mark_sent(r, 3, 5)
                 m.send(r, 3, 20 + m.rank, big)
+                m.mark_sent(r, 4, 2)  # between messages: never taken for one, never stored
+                m.mark_sent(r, 3, 9)  # an older mark does not move it back
                 m.send(r, 4, 0, b"")
     _pump(meshes, lambda: all(len(m.received) == 6 for m in meshes))
     for m in meshes:
@@ -58,7 +61,7 @@ def test_three_ranks_exchange_whole_messages_in_order(meshes):
             assert m.received[(a, 3, 10 + r)] == big[:1000 * (r + 1)]
             assert m.received[(a, 3, 20 + r)] == big
             assert m.received[(a, 4, 0)] == b""
-            assert m.newest[a] == (4, 0)
+            assert m.sent_to_us[a] == (4, 2)
     for m in meshes:
         m.end()
     _pump(meshes, lambda: all(m.all_ended() for m in meshes))
