@@ -293,12 +293,30 @@ def test_deterministic_injection_pairs_trim_and_drop_runs(rack4, sw, tmp_path):
     assert trim_c["TRIM_PKTS"] == len(trimmed) and drop_c["DROP_PKTS"] == len(trimmed)
 
 
+def _sent_again(frames) -> int:
+    """Data segments in a sender's capture that start below the highest sequence number
+    already sent: TCP's retransmissions, as the wire saw them."""
+    top, again = None, 0
+    for f in frames:
+        seg = f[TCP]
+        n = len(seg.payload)
+        if not n:
+            continue
+        if top is not None and (seg.seq - top) & 0x80000000:  # before `top`, modulo 2^32
+            again += 1
+        end = (seg.seq + n) & 0xFFFFFFFF
+        if top is None or not (end - top) & 0x80000000:
+            top = end
+    return again
+
+
 def test_injection_reaches_tcp_on_its_own_class_and_every_drop_is_retransmitted(rack4, sw):
     """gloo's stand-in: TCP on DSCP 0 (queue 0, a queue that drops) with injection told to
     reach queue 0 only. Every data segment the switch dropped is one segment TCP
-    retransmitted (the connection's own count, TCP_INFO), over the data phase alone; the
-    receiver's ACKs travel on DSCP 46 (a queue injection does not reach), and tail-loss
-    probes are off on the sender, so no retransmission is spurious."""
+    retransmitted, counted twice over the data phase alone: from the sender's capture and
+    by the connection itself (TCP_INFO). The receiver's ACKs travel on DSCP 46 (a queue
+    injection does not reach), and tail-loss probes are off on the sender, so no
+    retransmission is spurious."""
     ps, w1 = host(rack4, "ps1"), host(rack4, "w1")
     sw.apply(fragment(rack4, p=0.05, inject="drop", seed=7, inject_queues="0"))
     assert sw.read().inject_queues == [0]
@@ -307,29 +325,33 @@ def test_injection_reaches_tcp_on_its_own_class_and_every_drop_is_retransmitted(
                          check=True).stdout.strip()
     subprocess.run([*sysctl, "-qw", "net.ipv4.tcp_early_retrans=0"], check=True)
     sink = ns_python(rack4, "ps1", "tcp_sink", "port=47100", f"tos={46 << 2}")
-    send = None
+    send = cap = None
     try:
         assert sink.stdout.readline().strip() == "listening"
         send = ns_python(rack4, "w1", "tcp_send", f"dst={ps.data_ipv4}", "port=47100", "size=3000000",
                          stdin=subprocess.PIPE)
         assert send.stdout.readline().strip() == "connected"
+        cap = Capture(rack4, "w1", f"tcp and dst host {ps.data_ipv4} and dst port 47100")
         before = sw.counters()
         send.stdin.write("go\n")
         send.stdin.flush()
         retransmitted = int(send.stdout.readline())
         q = delta(before, sw.counters())["queues"][PS_PORT]
+        captured = _sent_again(cap.stop())
         send.stdin.write("close\n")
         send.stdin.flush()
         assert send.wait(timeout=60) == 0, send.stderr.read()
         assert int(sink.communicate(timeout=60)[0].strip()) == 3_000_000
     finally:
-        for proc in (send, sink):
+        for proc in (send, sink, cap and cap.proc):
             if proc and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if cap:
+            cap.path.unlink(missing_ok=True)
         subprocess.run([*sysctl, "-qw", f"net.ipv4.tcp_early_retrans={was}"], check=True)
     assert q[0]["DROP_PKTS"] > 0 and q[0]["TRIM_PKTS"] == 0
-    assert q[0]["DROP_PKTS"] == retransmitted, (q[0], retransmitted)
+    assert q[0]["DROP_PKTS"] == captured == retransmitted, (q[0], captured, retransmitted)
 
 
 @pytest.mark.parametrize("bad,msg", [
