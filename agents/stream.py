@@ -8,10 +8,11 @@ of trimlab.agents.reliable took 87 ms to all-gather 1 M parameters among 4 ranks
 A rank connects to every lower rank (retrying until that rank listens) and accepts every
 higher one; each connection opens with HELLO (job, rank). Messages are (job, kind, step,
 shard, length) + bytes, in order on each connection: DATA carries a shard; SENT (no bytes)
-says the sender has handed the gradient packets of (step, wire bucket) for us to its
-kernel, so a receiver of which none came knows they were lost, not late. The node's pump moves them: it accepts,
-reads whatever arrived into the message being received, and writes what is queued where
-the socket has room, so the channel progresses while the node waits for anything else.
+says the sender has handed its gradient packets of (step, wire bucket) for us to its
+kernel, so a receiver that got none of them waits one deadline more, not the step
+timeout. The node's pump moves them: it accepts, reads whatever arrived into the message
+being received, and writes what is queued where the socket has room, so the channel
+progresses while the node waits for anything else.
 """
 
 from __future__ import annotations
