@@ -94,8 +94,8 @@ class Monitor:
                 rc = a.proc.wait(1)
                 if rc != 0 or a.kind not in ("worker", "ps"):
                     log = self.logs / rundir.log_file(a.host, a.kind)
-                    tail = [_unwrapped(ln.removeprefix("[stderr] ")) for ln in log.read_text().splitlines()
-                            if ln.strip()][-1:] if log.exists() else []
+                    lines = [ln for ln in log.read_text().splitlines() if ln.strip()] if log.exists() else []
+                    tail = [_unwrapped(lines[-1].removeprefix("[stderr] "))] if lines else []
                     if rc in (None, -1) and not a.proc.session.connected:
                         raise RunFailed(f"host {a.host}: lost its SSH connection while its {a.kind} ran "
                                         "(its sshd was killed, or the host went away)")

@@ -1,8 +1,8 @@
 """The all-gather streams (trimlab.agents.stream): three ranks on loopback addresses connect
 (lower ranks connected to, higher ones accepted), messages arrive whole and in order with
-their (step, shard) and SENT marks between them are kept apart, a connection of another job or from no rank's address is refused and
-counted (one that connects and says nothing never holds up the others), and ending the
-streams reads every peer's end."""
+their (step, shard) and SENT marks between them are kept apart, a connection of another
+job or from no rank's address is refused and counted (one that connects and says nothing
+never holds up the others), and ending the streams reads every peer's end."""
 
 import collections
 import select
