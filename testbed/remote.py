@@ -361,11 +361,13 @@ class Fleet:
             raise RemoteError("; ".join(errors))
         return fleet
 
-    def each(self, fn: Callable[[str, Session], object]) -> dict[str, object]:
-        """fn(name, session) on every host at once (each host's SSH round trips overlap
-        the others'); the results by host, or the first host's exception raised."""
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(self.sessions)))) as pool:
-            futures = {n: pool.submit(fn, n, s) for n, s in self.sessions.items()}
+    def each(self, fn: Callable[[str, Session], object], hosts: list[str] | None = None) -> dict[str, object]:
+        """fn(name, session) on every host (or those of `hosts`, in that order) at once (each
+        host's SSH round trips overlap the others'); the results by host, or the first
+        host's exception raised."""
+        names = list(self.sessions) if hosts is None else hosts
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
+            futures = {n: pool.submit(fn, n, self.sessions[n]) for n in names}
             return {n: f.result() for n, f in futures.items()}
 
     def close(self) -> None:

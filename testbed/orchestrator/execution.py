@@ -119,7 +119,7 @@ class Execution:
                 return {"error": str(exc)}
             return json.loads(r.stdout) if r.rc == 0 else {"error": (r.stderr.strip() or r.stdout)[-300:]}
         hosts = [e.name for e in self.p.entries() if e not in self.p.switches]
-        out = {n: one(n, self.session(n)) for n in hosts}
+        out = self.fleet.each(one, hosts)
         (self.run.path / filename).write_text(json.dumps(out, indent=2) + "\n")
 
     def preflight_repairs(self) -> None:

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from tests.rack.conftest import host
 
@@ -53,6 +54,18 @@ def test_check_mode_changes_nothing_but_says_what_would(prack):
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"changed: {prack.switch.ns}: Apply the Config DB fragment" in out.stdout
     assert show(prack) == before
+
+
+def test_a_missing_data_interface_is_named_with_its_fix(prack, tmp_path):
+    from trimlab.testbed import provision as prov
+    inventory = yaml.safe_load((prack.dir / "inventory.yml").read_text())
+    w1 = host(prack, "w1").ns
+    inventory["all"]["children"]["nic_hosts"]["hosts"][w1]["data_if"] = "eth9"
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    out = prov.run(path, profile="sonic-default", limit=w1, tags="nic_host")
+    assert out.rc != 0 and [(f["host"], f["msg"]) for f in out.failures] == [
+        (w1, f"{w1}: data interface eth9 not found; fix data_if in the inventory")]
 
 
 def test_unreachable_host_is_named_within_a_bounded_time(prack):
