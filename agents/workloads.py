@@ -100,12 +100,35 @@ def _split(x: torch.Tensor, y: torch.Tensor, seed: int, test_fraction: float = 0
     return x[train], y[train], x[test], y[test]
 
 
-def _digits(seed: int):
-    from sklearn.datasets import load_digits  # heavy (scipy): only for this workload
+def _cached(name: str, make) -> dict[str, np.ndarray]:
+    """The arrays `make()` returns, kept in TRIMLAB_CACHE/name after the first call."""
+    from trimlab import native
+    cache = native.cache_dir() / name
+    if not cache.exists():
+        arrays = make()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(cache)  # a reader never sees half a file
+    with np.load(cache) as z:
+        return {k: z[k] for k in z.files}
 
-    d = load_digits()
-    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, *IMAGE) / 16.0
-    return _split(x, torch.tensor(d.target, dtype=torch.int64), seed)
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as it ships them (1 797 images of 8 × 8 values 0..16, float64;
+    their labels), cached: importing scikit-learn costs a process as much as importing torch."""
+    def make():
+        from sklearn.datasets import load_digits  # heavy (scipy): only the first time
+        d = load_digits()
+        return {"data": d.data, "target": d.target}
+    z = _cached("digits.npz", make)
+    return z["data"], z["target"]
+
+
+def _digits(seed: int):
+    data, target = digits()
+    x = torch.tensor(data, dtype=torch.float32).reshape(-1, *IMAGE) / 16.0
+    return _split(x, torch.tensor(target, dtype=torch.int64), seed)
 
 
 def _synthetic(seed: int, n: int = 4096, classes: int = 10):
@@ -120,9 +143,7 @@ def _synthetic(seed: int, n: int = 4096, classes: int = 10):
 def _mnist1d(seed: int, samples: int = 10_000):
     """MNIST-1D as its package generates it (its own seed and split: the same data for every
     run), cached in TRIMLAB_CACHE: generating takes a few seconds."""
-    from trimlab import native
-    cache = native.cache_dir() / f"mnist1d-{samples}.npz"
-    if not cache.exists():
+    def make():
         import random  # the generator seeds the global RNGs: keep them as they were
 
         from mnist1d.data import get_dataset_args, make_dataset  # heavy (scipy): only here
@@ -132,12 +153,9 @@ def _mnist1d(seed: int, samples: int = 10_000):
         d = make_dataset(args)
         np.random.set_state(state)
         random.setstate(pystate)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
-        tmp.replace(cache)  # a reader never sees half a file
-    with np.load(cache) as z:
-        x, y, xt, yt = (torch.from_numpy(z[k]) for k in ("x", "y", "x_test", "y_test"))
+        return {k: d[k] for k in ("x", "y", "x_test", "y_test")}
+    z = _cached(f"mnist1d-{samples}.npz", make)
+    x, y, xt, yt = (torch.from_numpy(z[k]) for k in ("x", "y", "x_test", "y_test"))
     return x.float()[:, None, :], y.long(), xt.float()[:, None, :], yt.long()
 
 

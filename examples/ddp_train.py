@@ -1,5 +1,6 @@
 """A plain torch DDP training script: an MLP on scikit-learn's digits (shipped with the
-package, no download), SGD with momentum, gloo for rendezvous. It runs under torchrun or
+package, no download; trimlab keeps a copy that loads without importing scikit-learn), SGD
+with momentum, gloo for rendezvous. It runs under torchrun or
 `trimlab run experiments/ddp.yaml`, which sets torchrun's environment on every worker.
 The one trimlab line is the comm hook; `--comm allreduce` runs DDP's own gloo all-reduce,
 `--comm local` no gradient exchange at all (each rank steps on its own gradient: the
@@ -48,14 +49,14 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device here")
     digits = args.data == "digits" and args.model == "mlp"
-    if digits:  # heavy (scipy): only for this workload, and before gloo starts its threads
-        from sklearn.datasets import load_digits
+    if digits:  # scikit-learn's digits, cached (its first load imports scipy: before gloo's threads)
+        from trimlab.agents.workloads import digits as load_digits
+        data, target = load_digits()
     dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     if digits:
-        d = load_digits()
-        x, y = torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
+        x, y = torch.tensor(data / 16.0, dtype=torch.float32), torch.tensor(target)
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed))
         cut = int(0.8 * len(x))
         (xtr, ytr), (xte, yte) = (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])

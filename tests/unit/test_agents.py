@@ -3,6 +3,7 @@ train to identical parameters on every host, the packet log has one row per data
 and a flood of foreign and malformed packets only moves the discard counters."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,7 +179,6 @@ def tiny():
 def test_mnist1d_is_generated_cached_and_learnable(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIMLAB_CACHE", str(tmp_path))
     import random
-    import numpy as np
     before = np.random.get_state()[1][:4].copy(), random.random()
     random.seed(before[1])
     wl = W.build(WorkloadConfig(kind="mnist1d", model="cnn"), 3)
@@ -193,6 +194,21 @@ def test_mnist1d_is_generated_cached_and_learnable(tmp_path, monkeypatch):
         loss.backward()
         opt.step()
     assert wl.evaluate()[1] > 0.5  # ten classes: chance is 0.1
+
+
+def test_digits_are_scikit_learns_and_load_from_the_cache_without_it(tmp_path, monkeypatch):
+    from sklearn.datasets import load_digits
+    monkeypatch.setenv("TRIMLAB_CACHE", str(tmp_path))
+    data, target = W.digits()
+    d = load_digits()
+    assert np.array_equal(data, d.data) and data.dtype == d.data.dtype
+    assert np.array_equal(target, d.target) and target.dtype == d.target.dtype
+    assert (tmp_path / "digits.npz").exists()
+    # a later process reads the cache and never imports scikit-learn (it costs as much as torch)
+    out = subprocess.run([sys.executable, "-c", "import sys; from trimlab.agents.workloads import digits; "
+                          "data, _ = digits(); print(data.shape, 'sklearn' in sys.modules)"],
+                         env=os.environ | {"TRIMLAB_CACHE": str(tmp_path)}, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["(1797,", "64)", "False"], out.stderr
 
 
 @pytest.mark.parametrize("kind,shape,width,params", [
@@ -214,7 +230,6 @@ def test_cifar_from_a_local_directory_in_torchvision_layout(tmp_path, kind, sub,
     """A tiny stand-in written the way torchvision's archives are (pickled dicts of uint8
     rows, channel-major) loads with the right shapes, scale and labels."""
     import pickle
-    import numpy as np
     rng = np.random.default_rng(0)
     (tmp_path / sub).mkdir()
     classes = 100 if kind == "cifar100" else 10
