@@ -1,5 +1,6 @@
 """trimlab.testbed.remote against the real sshd of every rack host."""
 
+import subprocess
 import time
 
 import pytest
@@ -35,6 +36,24 @@ def test_run_streams_lines_and_returns_the_exit_status(rrack, tmp_path):
         assert env == "a b;c"
     assert log.read_text().splitlines() == ["line 1", "line 2", "line 3", "[stderr] oops"]
     assert seen == ["line 1", "line 2", "line 3", "oops"]
+
+
+def test_a_command_runs_without_the_controllers_interactive_shell_set_up(rrack, tmp_path):
+    """The virtual hosts share this machine's home: bash, started by sshd for each command,
+    would source ~/.bashrc (pyenv or conda set-up, 0.1-0.5 s) before every command. The
+    rack's sshd starts sessions at shell level 1, where bash does not."""
+    with Session(rhost(rrack, "w1")) as s:
+        # what sshd set (bash raises it to 2 for itself and lowers it again as it execs sh)
+        assert s.run(["sh", "-c", 'echo "$SHLVL"']).check().stdout == "1"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("echo bashrc-ran\n")
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "SSH_CLIENT": "198.18.0.1 40000 22"}
+    ran = subprocess.run(["bash", "-c", "true"], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    skipped = subprocess.run(["bash", "-c", "true"], env=env | {"SHLVL": "1"}, capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL)
+    assert ran.stdout == "bashrc-ran\n"  # this bash sources ~/.bashrc for a command sshd starts...
+    assert skipped.stdout == ""  # ...but not at shell level 1
 
 
 def test_hostile_arguments_arrive_verbatim(rrack, tmp_path):
