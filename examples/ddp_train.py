@@ -1,7 +1,7 @@
 """A plain torch DDP training script: an MLP on scikit-learn's digits (shipped with the
 package, no download; trimlab keeps a copy that loads without importing scikit-learn), SGD
-with momentum, gloo for rendezvous. It runs under torchrun or
-`trimlab run experiments/ddp.yaml`, which sets torchrun's environment on every worker.
+with momentum, gloo for rendezvous. It runs under torchrun or `trimlab run
+experiments/ddp.yaml`, which sets torchrun's environment on every worker.
 The one trimlab line is the comm hook; `--comm allreduce` runs DDP's own gloo all-reduce,
 `--comm local` no gradient exchange at all (each rank steps on its own gradient: the
 compute floor of a step on this host).

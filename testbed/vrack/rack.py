@@ -347,9 +347,9 @@ def _sshd_config(st: RackState, h: Host) -> Path:
         "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "UseDNS no",
         "Subsystem sftp internal-sftp", "AcceptEnv TRIMLAB_* LANG", "LogLevel ERROR",
         "ClientAliveInterval 10", "MaxStartups 64:30:128",
-        # bash sources ~/.bashrc in a command sshd starts only at shell level 1: the virtual
-        # hosts share this machine's home, whose interactive set-up (pyenv, conda: 0.1-0.5 s
-        # of CPU) is no part of a host and would run before every command
+        # bash sources ~/.bashrc before each command sshd starts, unless SHLVL says it is
+        # not the top shell. The virtual hosts share this machine's home, whose interactive
+        # set-up (pyenv, conda: 0.1-0.5 s of CPU) is no part of a host
         "SetEnv SHLVL=1", "",
     ]))
     return conf
