@@ -158,7 +158,9 @@ static inline vf stage_sign(int h) {
     return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f));
 }
 
-static inline vf flip_by(vf v, uint16_t mask) {
+typedef uint16_t lanes_t; /* one register's sign flips, a bit a lane */
+
+static inline vf flip_by(vf v, lanes_t mask) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     return _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), (__mmask16)mask, _mm512_castps_si512(v), sign));
 }
@@ -175,34 +177,57 @@ static inline vf stage_sign(int h) {
     return _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(-1.0f), _mm256_castsi256_ps(upper));
 }
 
-/* bit t of the mask flips lane t: shifted to the sign bit */
-static inline vf flip_by(vf v, uint16_t mask) {
-    const __m256i to_sign = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
-    __m256i sign = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(mask), to_sign),
-                                    _mm256_set1_epi32((int)0x80000000u));
-    return _mm256_xor_ps(v, _mm256_castsi256_ps(sign));
+/* FLIP8[m]: lane t's sign bit set where bit t of m is. Bit t of the mask flips lane t
+   with one xor from this 8 KiB table: expanding the mask in registers (broadcast, shift,
+   and) made the sign flips cost as much as the in-register butterflies. */
+static uint32_t FLIP8[256][8] __attribute__((aligned(32)));
+
+__attribute__((constructor)) static void flip8_init(void) {
+    for (unsigned m = 0; m < 256; m++)
+        for (int t = 0; t < 8; t++) FLIP8[m][t] = ((m >> t) & 1u) << 31;
+}
+
+typedef uint8_t lanes_t;
+
+static inline vf flip_by(vf v, lanes_t mask) {
+    return _mm256_xor_ps(v, _mm256_load_ps((const float *)FLIP8[mask]));
 }
 #endif
 
-/* The sign-flip lane masks of a span's registers: TL_VEC-bit pieces of each 32-coordinate
-   hash word (as flip_signs), computed once per span. */
-static void flip_masks(uint64_t key, int64_t n, uint16_t *m) {
-    const int per = 32 / TL_VEC;
-    for (int64_t word = 0; word < n / 32; word++) {
-        uint32_t h = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ (uint32_t)key) ^ (uint32_t)(key >> 32));
-        for (int t = 0; t < per; t++) m[per * word + t] = (uint16_t)((h >> (TL_VEC * t)) & ((1u << TL_VEC) - 1u));
+/* A span's sign-flip hash words (as flip_signs), computed once per span, eight at a time.
+   Register k's lane masks are lanes_t k of them (little-endian: bits TL_VEC·k onwards). */
+static inline __m256i fmix32x8(__m256i h) {
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85EBCA6Bu));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0xC2B2AE35u));
+    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+static void flip_words(uint64_t key, int64_t n, uint32_t *w) {
+    const __m256i k1 = _mm256_set1_epi32((int)(uint32_t)key), k2 = _mm256_set1_epi32((int)(uint32_t)(key >> 32));
+    const __m256i golden = _mm256_set1_epi32((int)0x9E3779B1u);
+    int64_t word = 0;
+    for (; word + 8 <= n / 32; word += 8) {
+        __m256i i = _mm256_add_epi32(_mm256_set1_epi32((int)word), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256i h = fmix32x8(_mm256_xor_si256(fmix32x8(_mm256_xor_si256(_mm256_mullo_epi32(i, golden), k1)), k2));
+        _mm256_storeu_si256((__m256i *)(w + word), h);
     }
+    for (; word < n / 32; word++)
+        w[word] = fmix32(fmix32((uint32_t)word * 0x9E3779B1u ^ (uint32_t)key) ^ (uint32_t)(key >> 32));
 }
 
 /* What the first pass does to each register as it loads it from `in`: × pre (0: nothing),
    the RHT's sign flips (`flip` masks, or NULL), then the in-register stages. `ahead`
    (or NULL): as many floats fetched into L2 line by line as `in` is read (encode: the next
    span's input, on its way while this span's butterflies and packing compute; into L1 it
-   would meet this span's scratch and packets there and be evicted before use). */
+   would meet this span's scratch and packets there and be evicted before use. Decode: the
+   next span's output, so that its last pass's stores find their lines in L2: waiting on
+   them, an AVX2 decode took 1.3× as long). */
 typedef struct {
     const float *in;
     float pre;
-    const uint16_t *flip;
+    const lanes_t *flip;
     const float *ahead;
 } start_t;
 
@@ -215,7 +240,7 @@ typedef struct {
    ranks' 1 Mi buckets took 6.8–7.0 ms against 5.5–5.9). */
 typedef struct {
     float scale, post;
-    const uint16_t *flip; /* flip_masks, or NULL */
+    const lanes_t *flip; /* flip_words, or NULL */
     float *out;
 } finish_t;
 
@@ -228,7 +253,7 @@ static inline __attribute__((always_inline)) void fwht_pass(float *y, int64_t nv
     /* S's and F's fields in locals: read through the pointers, every store to y could
        alias them, and the compiler reloaded each one for every register */
     const float *src = S ? S->in : y, *ahead = S ? S->ahead : NULL;
-    const uint16_t *flip_in = S ? S->flip : NULL, *flip_out = F ? F->flip : NULL;
+    const lanes_t *flip_in = S ? S->flip : NULL, *flip_out = F ? F->flip : NULL;
     const float pre = S ? S->pre : 0.0f, scale = F ? F->scale : 1.0f, post = F ? F->post : 0.0f;
     float *dst = F && F->out ? F->out : y;
     vf sign[TL_IN_REGISTER];
@@ -1187,22 +1212,32 @@ static void sign_tail_pack(const float *y, int64_t c, uint8_t *body) {
         }
     }
 #elif defined(__AVX2__)
-    const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-    for (; 8 * g8 + 8 <= c; g8++)
-        body[g8] = (uint8_t)_mm256_movemask_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(y + 8 * g8), rev));
-    /* word j = (v[j] & low 31 − j bits) ≪ (j + 1) | |v[j + 1]| ≫ (30 − j), 8 words a
-       register: j from 0, 8, 16 and 23 (the last overlaps the third by one word, so that
-       every load and store is a whole register inside the group: masked stores are slow
-       on AMD) */
+    /* 32 signs a time: saturating packs keep each value's sign in a byte, one dword permute
+       and a byte shuffle put coordinate 8k + t at byte 8k + 7 − t, one movemask collects
+       them (a permute and a movemask per 8 coordinates took twice as long) */
+    const __m256i dwords = _mm256_setr_epi32(4, 0, 5, 1, 6, 2, 7, 3);
+    const __m256i reverse4 = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                              3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    for (; 8 * g8 + 32 <= c; g8 += 4) {
+        const __m256i *at = (const __m256i *)(raw + 8 * g8);
+        __m256i ab = _mm256_packs_epi32(_mm256_loadu_si256(at), _mm256_loadu_si256(at + 1));
+        __m256i cd = _mm256_packs_epi32(_mm256_loadu_si256(at + 2), _mm256_loadu_si256(at + 3));
+        __m256i bytes = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), dwords), reverse4);
+        uint32_t m = (uint32_t)_mm256_movemask_epi8(bytes);
+        memcpy(body + g8, &m, 4);
+    }
+    /* word j = v[j] ≪ (j + 1) | |v[j + 1]| ≫ (30 − j) (the shift drops v[j]'s top j + 1
+       bits), 8 words a register: j from 0, 8, 16 and 23 (the last overlaps the third by one
+       word, so that every load and store is a whole register inside the group: masked
+       stores are slow on AMD) */
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i one = _mm256_set1_epi32(1), mag = _mm256_set1_epi32(0x7FFFFFFF);
     const int first[4] = {0, 8, 16, 23};
-    __m256i lsh[4], rsh[4], lo[4];
+    __m256i lsh[4], rsh[4];
     for (int h = 0; h < 4; h++) {
         __m256i j = _mm256_add_epi32(lane, _mm256_set1_epi32(first[h]));
         lsh[h] = _mm256_add_epi32(j, one);
         rsh[h] = _mm256_sub_epi32(_mm256_set1_epi32(30), j);
-        lo[h] = _mm256_sub_epi32(_mm256_srlv_epi32(_mm256_set1_epi32((int)0x80000000u), j), one);
     }
     for (; g < c / 32; g++) {
         const uint32_t *v = raw + 32 * g;
@@ -1210,7 +1245,7 @@ static void sign_tail_pack(const float *y, int64_t c, uint8_t *body) {
         for (int h = 0; h < 4; h++) {
             __m256i cur = _mm256_loadu_si256((const __m256i *)(v + first[h]));
             __m256i next = _mm256_loadu_si256((const __m256i *)(v + first[h] + 1));
-            __m256i word = _mm256_or_si256(_mm256_sllv_epi32(_mm256_and_si256(cur, lo[h]), lsh[h]),
+            __m256i word = _mm256_or_si256(_mm256_sllv_epi32(cur, lsh[h]),
                                            _mm256_srlv_epi32(_mm256_and_si256(next, mag), rsh[h]));
             _mm256_storeu_si256((__m256i *)(w + first[h]), word);
         }
@@ -1399,7 +1434,7 @@ static int straight_through(const job_t *J) {
     return !J->rotated && !J->prescaled && J->filled == J->size;
 }
 
-static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint16_t *masks) {
+static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint32_t *flips) {
     const float *x = J->x + s * J->filled;
     int64_t n = J->size;
     int32_t e = J->prescaled ? span_exponent(x, J->filled) : 0;
@@ -1408,9 +1443,10 @@ static void encode_span(const job_t *J, int64_t s, float *buf, uint8_t *q, uint1
     int straight = straight_through(J);
 #ifdef TL_VEC
     if (J->rotated && J->filled == n && n >= 32) { /* fewer passes: read x, prescale and flip in the first */
-        const start_t S = {x, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, masks, s + 1 < J->count ? x + J->filled : NULL};
+        const start_t S = {x, J->prescaled ? ldexpf(1.0f, -e) : 0.0f, (const lanes_t *)flips,
+                           s + 1 < J->count ? x + J->filled : NULL};
         const finish_t F = {inv_sqrt, 0.0f, NULL, NULL};
-        flip_masks(key, n, masks);
+        flip_words(key, n, flips);
         fwht_vec(buf, n, &S, &F);
     } else
 #endif
@@ -1469,7 +1505,7 @@ static void prefetch_row(const job_t *J, int64_t row) {
     for (int64_t o = 0; o < J->length[row]; o += 64) __builtin_prefetch(b + o, 0, 2);
 }
 
-static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) {
+static void decode_span(const job_t *J, int64_t s, float *buf, uint32_t *flips) {
     int64_t n = J->size, per_span = packets_in_span(J);
     const int64_t *slot = J->slots + s * per_span;
     int32_t e = !J->prescaled ? 0 : (J->exps ? J->exps[s] : scales_exponent(J, slot, per_span));
@@ -1495,9 +1531,10 @@ static void decode_span(const job_t *J, int64_t s, float *buf, uint16_t *masks) 
     float inv_sqrt = (float)(1.0 / sqrt((double)n));
 #ifdef TL_VEC
     if (J->rotated && J->filled == n && n >= 32) { /* the last pass scales, flips, unscales, writes out */
-        const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, e) : 0.0f, masks, J->out + s * J->filled};
-        const start_t S = {buf, 0.0f, NULL, NULL};
-        flip_masks(key, n, masks);
+        const finish_t F = {inv_sqrt, J->prescaled ? ldexpf(1.0f, e) : 0.0f, (const lanes_t *)flips,
+                            J->out + s * J->filled};
+        const start_t S = {buf, 0.0f, NULL, s + 1 < J->count ? J->out + (s + 1) * J->filled : NULL};
+        flip_words(key, n, flips);
         fwht_vec(buf, n, &S, &F);
         return;
     }
@@ -1523,21 +1560,21 @@ static void *run_part(void *arg) {
     float *buf = aligned_alloc(64, (size_t)((J->size * 4 + 63) / 64 * 64));
     /* embedded's q16 of a packet, then (vector builds) its queue of ambiguous lanes */
     uint8_t *q = malloc((size_t)J->coords * 2 + ((size_t)J->coords + 16) * 4);
-    uint16_t *masks = malloc((size_t)(J->size / 8 + 1) * sizeof(uint16_t)); /* a span's sign flips */
-    if (!buf || !q || !masks) {
+    uint32_t *flips = malloc((size_t)(J->size / 32 + 1) * sizeof(uint32_t)); /* a span's sign flips */
+    if (!buf || !q || !flips) {
         free(buf);
         free(q);
-        free(masks);
+        free(flips);
         P->status = -1;
         return NULL;
     }
     for (int64_t s = P->first; s < P->last; s++) {
-        if (P->encode) encode_span(J, s, buf, q, masks);
-        else decode_span(J, s, buf, masks);
+        if (P->encode) encode_span(J, s, buf, q, flips);
+        else decode_span(J, s, buf, flips);
     }
     free(buf);
     free(q);
-    free(masks);
+    free(flips);
     P->status = 0;
     return NULL;
 }
