@@ -158,7 +158,9 @@ static inline vf stage_sign(int h) {
     return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f));
 }
 
-typedef uint16_t lanes_t; /* one register's sign flips, a bit a lane */
+/* one register's sign flips, a bit a lane: a halfword of flip_words' uint32 words (read
+   through this type, which may alias them) */
+typedef uint16_t __attribute__((__may_alias__)) lanes_t;
 
 static inline vf flip_by(vf v, lanes_t mask) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
