@@ -99,8 +99,21 @@ def _running(fragment: str) -> bool:
     return any(fragment in c for c in _cmdlines())
 
 
+def _running_in(rack_id: str, fragment: str) -> bool:
+    """A process of the rack's namespaces runs `fragment` (not one of another test's, or of
+    anyone else's training on this host)."""
+    for ns in leftovers(rack_id)["namespaces"]:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if fragment in cmdline:
+                return True
+    return False
+
+
 def _namespaces_of(rack_id: str) -> bool:
-    from tests.rack.test_rack import leftovers
     return bool(leftovers(rack_id)["namespaces"])
 
 
@@ -118,10 +131,10 @@ MATRIX = {
                  "daemons": lambda tmp, rid: _running(f"/racks/{rid}/run/sshd_")}),
     "bench transport": (lambda tmp, rid: ["bench", "transport", "--quick", "--json"], "btr",
                         {"rack": lambda tmp, rid: _namespaces_of(rid),
-                         "measuring": lambda tmp, rid: _running("-m trimlab.bench.transport_rate")}),
+                         "measuring": lambda tmp, rid: _running_in(rid, "-m trimlab.bench.transport_rate")}),
     "bench ddp": (lambda tmp, rid: ["bench", "ddp", "--quick", "--json"], "bdd",
                   {"rack": lambda tmp, rid: _namespaces_of(rid),
-                   "training": lambda tmp, rid: _running("ddp_train.py")}),
+                   "training": lambda tmp, rid: _running_in(rid, "ddp_train.py")}),
 }
 
 
