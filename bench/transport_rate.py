@@ -6,7 +6,8 @@ ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the sa
   jumbo frames up to 9000) and sends them
   through `agents.transport.Sender` (`send_frames`: UDP GSO runs straight from the
   frames array); the rate is what ps1's NIC received during the sender's own timed loop
-  (it says ready once python, torch and the codec are warm: start-up is not timed).
+  (one process serves every timed loop of the bench, warm before the first one: python,
+  torch, the codec and its frames; start-up is not timed).
   `send`: each step encoded while the one before is sent (`send_frames_later`, the
   sender's own thread), as a worker does with successive buckets; `send_serial`: encode,
   then send, one step at a time.
@@ -17,8 +18,9 @@ ours against `bench/blast.c` (sendmmsg, no encoding) on the same path, in the sa
   deadline. The ps's collection path (`agents.node.Node`, `Collector`, decode) takes the
   steps one after the other; the rate is packets decoded per second, from the first
   packet's arrival to the last step's decode (`lost` counts any packet the burst lost).
-  Like the sender, the ps says ready once warm (a few buckets decoded: the codec's
-  caches and the heap its steps' buffers come from).
+  Like the sender, the ps is one process, warm before its first burst (a few buckets
+  decoded: the codec's caches and the heap its steps' buffers come from); its socket is
+  bound for each burst only, so that the timed sends meet no socket at the ps.
 Both also with every packet trimmed by the switch (deterministic injection, p = 1).
 The port rate is far above what the machine pushes, so the limiter never binds. The
 ratios are medians of per-round ratios (ours ÷ blast, measured back to back). With jumbo
@@ -61,63 +63,119 @@ def _cfg(sender: str, receiver: str, mtu: int) -> AgentConfig:
                        workers=[HostConfig(name="w1", addr=sender)])
 
 
-def send(cfg: AgentConfig, seconds: float, encode: bool, go=None, steps: int | None = None,
-         overlap: bool = False) -> dict:
-    """Steps of NUMEL coordinates to the ps until `seconds` pass (or `steps` are sent); with
-    `encode`, each step is encoded anew (a worker's work), else one step's payloads are
-    replayed; with `overlap`, a step is encoded while the one before is sent (the sender's
-    own thread), as a worker does with successive buckets. With `go` (a file), say ready
-    and wait for a line on it first, so that start-up is not timed."""
-    if overlap and not encode:
-        raise ValueError("overlap needs encode: a replay rewrites its one array while it is in flight")
-    codec = get_codec(cfg.codec.name)
-    grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
-    tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
-    ids = lambda step: wire.PacketIds(cfg.job, step, 0, 0)  # noqa: E731
-    frames = wire.packetize_frames(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(0), cfg.seed)
-    if go is not None:  # started and warmed up: the clock starts when the bench says go
-        print(json.dumps({"ready": True}), flush=True)
-        go.readline()
-    t0, step, sent = time.monotonic(), 0, 0
-    while (time.monotonic() - t0 < seconds) if steps is None else step < steps:
-        if encode:
-            frames = wire.packetize_frames(grad, codec, cfg.mtu, cfg.codec.coords, cfg.codec.span, ids(step),
-                                           cfg.seed)
-        elif step:  # the same bodies under this step's header (bytes 6..9), without encoding
-            frames.data[:, 6:10] = np.frombuffer(step.to_bytes(4, "big"), dtype=np.uint8)
-        if overlap:
-            tx.send_frames_later(frames)  # (a new array each step: the one in flight stays as it is)
-        else:
-            tx.send_frames(frames)
-        sent += len(frames)
-        step += 1
-    tx.wait_sent()
-    return {"sent": sent, "steps": step, "seconds": time.monotonic() - t0}
+class Sending:
+    """A worker-shaped sender of NUMEL coordinates a step to the ps, warm (python, torch, the
+    codec, its frames) before its first timed loop: one process serves every loop of the
+    bench, so that each round times sending, not start-up."""
+
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.codec = get_codec(cfg.codec.name)
+        self.grad = torch.randn(NUMEL, generator=torch.Generator().manual_seed(1))
+        self.tx = Sender(cfg.ps.addr, cfg.transport.port, cfg.transport.dscp, bind=cfg.workers[0].addr)
+        self.replay = self.frames(0)  # a replay's one array: never handed to the sender's thread
+
+    def frames(self, step: int):
+        c = self.cfg
+        return wire.packetize_frames(self.grad, self.codec, c.mtu, c.codec.coords, c.codec.span,
+                                     wire.PacketIds(c.job, step, 0, 0), c.seed)
+
+    def loop(self, seconds: float | None = None, steps: int | None = None, encode: bool = False,
+             overlap: bool = False, first_step: int = 0) -> dict:
+        """Steps first_step, first_step + 1, ... until `seconds` pass (or `steps` are sent);
+        with `encode`, each step is encoded anew (a worker's work), else one step's payloads
+        are replayed under each step's header; with `overlap`, a step is encoded while the
+        one before is sent (the sender's own thread), as a worker does with successive
+        buckets."""
+        if overlap and not encode:
+            raise ValueError("overlap needs encode: a replay rewrites its one array while it is in flight")
+        t0, n, sent = time.monotonic(), 0, 0
+        while (time.monotonic() - t0 < seconds) if steps is None else n < steps:
+            step = first_step + n
+            if encode:
+                frames = self.frames(step)
+            else:  # the same bodies under this step's header (bytes 6..9), without encoding
+                frames = self.replay
+                frames.data[:, 6:10] = np.frombuffer(step.to_bytes(4, "big"), dtype=np.uint8)
+            if overlap:
+                self.tx.send_frames_later(frames)  # (a new array each step: the one in flight stays as it is)
+            else:
+                self.tx.send_frames(frames)
+            sent += len(frames)
+            n += 1
+        self.tx.wait_sent()
+        return {"sent": sent, "steps": n, "seconds": time.monotonic() - t0}
 
 
-def receive(cfg: AgentConfig, steps: int) -> dict:
-    """Collect and decode `steps` steps, one after the other, from a socket buffer deep
-    enough for all of them (so that only the ps's own pace sets the rate)."""
-    node = Node(cfg, cfg.ps.addr, {cfg.workers[0].addr: "w1"}, receive_gradients=True)
-    node.data.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 30)
-    # warm, as the sender is before its clock starts: a few buckets decoded build the
-    # codec's caches and the heap that a step's buffers come from (start-up is not timed)
-    ctx = CodecContext(seed=cfg.seed, step=0, bucket=0, span=cfg.codec.span, coords=cfg.codec.coords)
-    for _ in range(3):
-        node.codec.decode(node.codec.encode(torch.randn(NUMEL), ctx), ctx, NUMEL)
-    print(json.dumps({"ready": True}), flush=True)
-    decoded, trimmed, lost, t_first = 0, 0, 0, None
-    for step in range(steps):
-        coll = node.expect(step, 0, {0: cfg.workers[0].addr}, NUMEL, cfg.transport.deadline_ms / 1e3)
-        node.collect(coll, step_timeout_s=60.0)
-        red = coll.reduce()
-        t_first = t_first or coll.first
-        decoded += red.packets
-        trimmed += red.trimmed
-        lost += red.missing
-    seconds = time.monotonic() - t_first if t_first is not None else 0.0
-    node.close()
-    return {"decoded": decoded, "trimmed": trimmed, "lost": lost, "seconds": seconds, "steps": steps}
+class Receiving:
+    """The ps's collection path, warm: a few buckets decoded build the codec's caches and the
+    heap that a step's buffers come from, as the sender is warm before its clock starts."""
+
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        codec = get_codec(cfg.codec.name)
+        ctx = CodecContext(seed=cfg.seed, step=0, bucket=0, span=cfg.codec.span, coords=cfg.codec.coords)
+        for _ in range(3):
+            codec.decode(codec.encode(torch.randn(NUMEL), ctx), ctx, NUMEL)
+
+    def burst(self, steps: int, first_step: int = 0, ready=None) -> dict:
+        """Collect and decode steps first_step.. one after the other, from a socket buffer
+        deep enough for all of them (so that only the ps's own pace sets the rate). The
+        socket is bound for the burst only: between bursts the sender's timed loops meet no
+        socket at the ps, as with no ps at all. `ready()` is called once it is bound."""
+        cfg = self.cfg
+        node = Node(cfg, cfg.ps.addr, {cfg.workers[0].addr: "w1"}, receive_gradients=True)
+        try:
+            node.data.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 30)
+            if ready is not None:
+                ready()
+            decoded, trimmed, lost, t_first = 0, 0, 0, None
+            for step in range(first_step, first_step + steps):
+                coll = node.expect(step, 0, {0: cfg.workers[0].addr}, NUMEL, cfg.transport.deadline_ms / 1e3)
+                node.collect(coll, step_timeout_s=60.0)
+                red = coll.reduce()
+                t_first = t_first or coll.first
+                decoded += red.packets
+                trimmed += red.trimmed
+                lost += red.missing
+            seconds = time.monotonic() - t_first if t_first is not None else 0.0
+        finally:
+            node.close()
+        return {"decoded": decoded, "trimmed": trimmed, "lost": lost, "seconds": seconds, "steps": steps}
+
+
+class _Agent:
+    """One of the bench's agent processes in a host's namespace: it says ready once warm,
+    then answers each request (a JSON line) with a JSON line."""
+
+    def __init__(self, procs: list, ns: str, role: str, cfg: AgentConfig):
+        self.p = rundir.spawn(procs, ["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport_rate",
+                                      role, "--config", cfg.model_dump_json()], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.role = role
+        self.line()  # {"ready": true}: python, torch and the codec are up
+
+    def tell(self, **request) -> None:
+        self.p.stdin.write(json.dumps(request) + "\n")
+        self.p.stdin.flush()
+
+    def line(self) -> dict:
+        out = self.p.stdout.readline()
+        if not out:  # it ended: its error says why
+            self.p.stdin.close()
+            err = self.p.stderr.read()
+            self.p.wait(timeout=60)
+            raise RuntimeError(f"bench transport {self.role} agent failed: {err.strip()[-800:]}")
+        return json.loads(out)
+
+    def ask(self, **request) -> dict:
+        self.tell(**request)
+        return self.line()
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        if self.p.wait(timeout=60):
+            raise RuntimeError(f"bench transport {self.role} agent failed: {self.p.stderr.read().strip()[-800:]}")
 
 
 def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
@@ -138,17 +196,6 @@ def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
                              "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
                              f"s.bind(('0.0.0.0', {GRADIENT_PORT + 2})); time.sleep(3600)"])
 
-        def agent(ns: str, *argv: str) -> subprocess.Popen:
-            return rundir.spawn(procs, ["ip", "netns", "exec", ns, sys.executable, "-m", "trimlab.bench.transport_rate",
-                                        *argv, "--config", cfg.model_dump_json()], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def result(p: subprocess.Popen) -> dict:
-            out, err = p.communicate(timeout=300)
-            if p.returncode:
-                raise RuntimeError(f"bench transport agent failed: {err.strip()[-800:]}")
-            return json.loads(out)
-
         def blast_pps() -> float:
             before, t0 = _rx_packets(ps.ns), time.monotonic()
             subprocess.run(["ip", "netns", "exec", w1.ns, str(exe), ps.data_ipv4, str(GRADIENT_PORT + 2), str(size),
@@ -161,23 +208,21 @@ def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
                                                        cfg.codec.coords, cfg.codec.span))
         out: dict = {"bench": "transport", "quick": quick, "rounds": rounds, "seconds": seconds, "numel": NUMEL,
                      "mtu": mtu, "codec": "embedded", "coords": cfg.codec.coords, "payload_bytes": size}
+        tx, rx = _Agent(procs, w1.ns, "send", cfg), _Agent(procs, ps.ns, "receive", cfg)
+        step = 0  # the steps' numbers go on from burst to burst: each is new to the ps
         for trimmed in (False, True):
             sw.apply({"TRIMLAB_INJECT": {"GLOBAL": {"probability": "1" if trimmed else "0", "action": "trim"}}})
             rows, lost = {"blast_pps": [], "send_pps": [], "send_serial_pps": [], "receive_decode_pps": []}, 0
             for _ in range(rounds):
                 rows["blast_pps"].append(blast_pps())
-                for key, extra in (("send_pps", ["--overlap"]), ("send_serial_pps", [])):
-                    tx = agent(w1.ns, "send", "--seconds", str(seconds), "--encode", "--wait", *extra)
-                    assert json.loads(tx.stdout.readline()).get("ready")  # python and torch are up
+                for key, overlap in (("send_pps", True), ("send_serial_pps", False)):
                     before = _rx_packets(ps.ns)
-                    tx.stdin.write("go\n")
-                    tx.stdin.flush()
-                    r = result(tx)
+                    r = tx.ask(seconds=seconds, encode=True, overlap=overlap)
                     rows[key].append((_rx_packets(ps.ns) - before) / r["seconds"])
-                rx = agent(ps.ns, "receive", "--steps", str(BURST_STEPS))
-                assert json.loads(rx.stdout.readline()).get("ready")  # bound: it may be sent to
-                result(agent(w1.ns, "send", "--steps", str(BURST_STEPS)))
-                r = result(rx)
+                assert rx.ask(steps=BURST_STEPS, first_step=step).get("bound")  # it may be sent to
+                tx.ask(steps=BURST_STEPS, first_step=step)
+                r = rx.line()
+                step += BURST_STEPS
                 rows["receive_decode_pps"].append(r["decoded"] / max(r["seconds"], 1e-9))
                 lost += r["lost"]
             key = "all_trimmed" if trimmed else "untrimmed"
@@ -190,6 +235,8 @@ def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
             out[key]["receive_lost"] = lost  # packets a burst lost (0: the buffer held them all)
             for k in ("send", "receive_decode"):
                 out[key][f"{k}_coords_per_s"] = round(out[key][f"{k}_pps"] * per_packet)
+        tx.close()
+        rx.close()
         out["targets"] = {f"{k}_ge_0.8": all(out[m][k] >= 0.8 for m in ("untrimmed", "all_trimmed"))
                           for k in ("send_over_blast", "receive_decode_over_blast")}
         return out
@@ -202,21 +249,27 @@ def run(quick: bool = False, rack_id: str = "btr", mtu: int = 1500) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trimlab.bench.transport_rate", description="the bench's agents")
+    ap = argparse.ArgumentParser(prog="python -m trimlab.bench.transport_rate", description="the bench's agents: "
+                                 "each says ready once warm, then answers every JSON request on stdin with a "
+                                 "JSON line, until stdin ends")
     ap.add_argument("role", choices=["send", "receive"])
     ap.add_argument("--config", required=True, help="AgentConfig as JSON")
-    ap.add_argument("--seconds", type=float, default=1.0, help="send: for this long")
-    ap.add_argument("--steps", type=int, help="send: this many steps (instead of --seconds); receive: this many")
-    ap.add_argument("--encode", action="store_true", help="encode every step (else replay one)")
-    ap.add_argument("--wait", action="store_true", help="send: say ready, start on a line on stdin")
-    ap.add_argument("--overlap", action="store_true", help="send: encode a step while the one before is sent")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     hold_heap()  # as the agents do
     cfg = AgentConfig.model_validate_json(a.config)
-    print(json.dumps(send(cfg, a.seconds, a.encode, sys.stdin if a.wait else None, a.steps, a.overlap)
-                     if a.role == "send"
-                     else receive(cfg, a.steps or BURST_STEPS)))
+    agent = Sending(cfg) if a.role == "send" else Receiving(cfg)
+
+    def say(obj: dict) -> None:
+        print(json.dumps(obj), flush=True)
+
+    say({"ready": True})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if a.role == "send":  # seconds or steps, encode, overlap, first_step
+            say(agent.loop(**request))
+        else:  # steps, first_step: says bound, then the burst's result
+            say(agent.burst(**request, ready=lambda: say({"bound": True})))
     return 0
 
 
