@@ -46,8 +46,19 @@ $(STAMP): pyproject.toml $(PACKAGE_DIRS) | $(PY)
 venv: $(STAMP)
 	@echo "setup: venv ready ($(VENV))"
 
+# The unit tests run beside the rack and e2e tests, in a second pytest (niced: the rack
+# tests come first on the CPU) whose log follows theirs: the rack tests spend most of their
+# time waiting on their hosts, and no unit test builds a rack or binds outside loopback.
+# The rack tests stay one at a time (racks share the management subnets, and commands
+# without --id take the only rack up).
 test: setup
-	$(VENV)/bin/pytest
+	@unit_log=$$(mktemp); \
+	nice -n 10 $(VENV)/bin/pytest -m unit -p no:cacheprovider > $$unit_log 2>&1 & unit=$$!; \
+	$(VENV)/bin/pytest -m "not unit"; rack=$$?; \
+	wait $$unit; unit_rc=$$?; \
+	echo "== the unit tests (run beside the rack tests) =="; cat $$unit_log; rm -f $$unit_log; \
+	echo "make test: rack and e2e tests exit $$rack, unit tests exit $$unit_rc"; \
+	[ $$rack -eq 0 ] && [ $$unit_rc -eq 0 ]
 
 test-unit: setup
 	$(VENV)/bin/pytest -m unit
