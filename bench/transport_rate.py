@@ -155,10 +155,6 @@ class _Agent:
         self.role = role
         self.line()  # {"ready": true}: python, torch and the codec are up
 
-    def tell(self, **request) -> None:
-        self.p.stdin.write(json.dumps(request) + "\n")
-        self.p.stdin.flush()
-
     def line(self) -> dict:
         out = self.p.stdout.readline()
         if not out:  # it ended: its error says why
@@ -169,7 +165,8 @@ class _Agent:
         return json.loads(out)
 
     def ask(self, **request) -> dict:
-        self.tell(**request)
+        self.p.stdin.write(json.dumps(request) + "\n")
+        self.p.stdin.flush()
         return self.line()
 
     def close(self) -> None:
